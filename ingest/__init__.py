@@ -1,0 +1,1 @@
+"""The ingest worker: claim a job, parse, chunk, embed, write."""

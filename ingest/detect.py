@@ -1,0 +1,222 @@
+"""What an upload really is: media type from magic bytes, checked against what it claims.
+
+The declared type and the filename are hints, never the truth. A claim that the bytes
+contradict (a `.pdf` that is not a PDF, binary bytes sent as text/plain) is refused as
+spoofing, and so is anything outside the five types ragserve parses.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import struct
+import unicodedata
+import zipfile
+
+from rag.errors import Invalid, UnsupportedMediaType
+
+log = logging.getLogger(__name__)
+
+TEXT = "text/plain"
+MARKDOWN = "text/markdown"
+HTML = "text/html"
+PDF = "application/pdf"
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+SUPPORTED = (TEXT, MARKDOWN, HTML, PDF, DOCX)
+TEXT_TYPES = (TEXT, MARKDOWN, HTML)
+
+_EXTENSIONS = {
+    ".txt": TEXT,
+    ".text": TEXT,
+    ".md": MARKDOWN,
+    ".markdown": MARKDOWN,
+    ".html": HTML,
+    ".htm": HTML,
+    ".xhtml": HTML,
+    ".pdf": PDF,
+    ".docx": DOCX,
+}
+_DECLARED_ALIASES = {
+    "text/x-markdown": MARKDOWN,
+    "application/xhtml+xml": HTML,
+    "application/x-pdf": PDF,
+}
+# Declared types that say nothing about the content.
+_NO_CLAIM = {"", "application/octet-stream", "binary/octet-stream", "application/unknown"}
+
+# Magic numbers of common formats we refuse, for a message that says what the file is.
+_KNOWN_BINARY = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF87a", "a GIF image"),
+    (b"GIF89a", "a GIF image"),
+    (b"RIFF", "a RIFF file (image, audio or video)"),
+    (b"II*\x00", "a TIFF image"),
+    (b"MM\x00*", "a TIFF image"),
+    (b"\x7fELF", "an ELF executable"),
+    (b"MZ", "a Windows executable"),
+    (b"\xcf\xfa\xed\xfe", "a Mach-O executable"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"BZh", "a bzip2 archive"),
+    (b"\xfd7zXZ\x00", "an xz archive"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+    (b"Rar!", "a RAR archive"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "a legacy Office (OLE2) file such as .doc"),
+    (b"{\\rtf", "an RTF document"),
+)
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_MAX_FILENAME_CHARS = 200
+_MAX_ZIP_ENTRIES = 10_000
+
+_HTML_HINT = re.compile(r"<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>]", re.IGNORECASE)
+_MD_HINT = re.compile(
+    r"^(#{1,6} \S|```|~~~|[-*+] \S|\d+\. \S|> \S)|\[[^\]\n]+\]\([^)\n]+\)|\*\*\S",
+    re.MULTILINE,
+)
+
+
+def detect_media_type(data: bytes, filename: str | None, declared: str | None) -> str:
+    """Return the media type of `data`, one of `SUPPORTED`, or raise.
+
+    Raises `Invalid` for empty input and `UnsupportedMediaType` for unknown formats and for
+    a filename extension or declared type that the bytes contradict.
+    """
+    if not data:
+        raise Invalid("the file is empty")
+    claims = _claims(filename, declared)
+    family = _sniff_family(data)
+    _check_claims(family, claims)
+    if family != "text":
+        return family
+    for claim in claims:
+        if claim in TEXT_TYPES:
+            return claim
+    return _guess_text_type(data)
+
+
+def decode_text(data: bytes) -> str:
+    """Decode text bytes: UTF-8 (BOM optional) or UTF-16 with a BOM. Raise on anything else."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise UnsupportedMediaType("the file claims UTF-16 text but does not decode") from exc
+    else:
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise UnsupportedMediaType(
+                "the file is neither UTF-8 nor UTF-16 text nor a supported document format"
+            ) from exc
+    if "\x00" in text or _control_ratio(text) > 0.01:
+        raise UnsupportedMediaType("the file contains binary data, not text")
+    return text
+
+
+def safe_filename(name: str | None) -> str:
+    """A filename fit for display: no directories, no control characters, bounded length."""
+    if not name:
+        return "unnamed"
+    base = re.split(r"[/\\]", name)[-1]
+    base = "".join(ch for ch in base if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp"))
+    base = base.strip().strip(".").strip()
+    if not base:
+        return "unnamed"
+    if len(base) > _MAX_FILENAME_CHARS:
+        stem, dot, ext = base.rpartition(".")
+        keep_ext = dot and 0 < len(ext) <= 16
+        base = stem[: _MAX_FILENAME_CHARS - len(ext) - 1] + "." + ext if keep_ext else base
+        base = base[:_MAX_FILENAME_CHARS]
+    return base
+
+
+def _claims(filename: str | None, declared: str | None) -> list[str]:
+    """What the upload says it is, declared type first. Unknown hints make no claim."""
+    claims: list[str] = []
+    if declared is not None:
+        media = declared.split(";", 1)[0].strip().lower()
+        media = _DECLARED_ALIASES.get(media, media)
+        if media not in _NO_CLAIM:
+            # Other text/* types (csv, x-python) are fine as plain text.
+            claims.append(TEXT if media.startswith("text/") and media not in SUPPORTED else media)
+    if filename:
+        ext = "." + safe_filename(filename).rpartition(".")[2].lower()
+        if ext in _EXTENSIONS:
+            claims.append(_EXTENSIONS[ext])
+    return claims
+
+
+def _check_claims(family: str, claims: list[str]) -> None:
+    for claim in claims:
+        if claim not in SUPPORTED:
+            raise UnsupportedMediaType(f"unsupported media type {claim!r}")
+        claimed_family = "text" if claim in TEXT_TYPES else claim
+        if claimed_family != family:
+            raise UnsupportedMediaType(
+                f"the file claims to be {claim} but its content is {_describe(family)}"
+            )
+
+
+def _describe(family: str) -> str:
+    return {"text": "text", PDF: "a PDF", DOCX: "a .docx document"}[family]
+
+
+def _sniff_family(data: bytes) -> str:
+    """One of PDF, DOCX or "text"; raises UnsupportedMediaType for anything else."""
+    if data.startswith(b"%PDF-"):
+        return PDF
+    if data.startswith(_ZIP_MAGIC):
+        if _is_docx(data):
+            return DOCX
+        raise UnsupportedMediaType("a zip archive that is not a .docx document is not supported")
+    if not data.startswith((b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf")):
+        for magic, what in _KNOWN_BINARY:
+            if data.startswith(magic):
+                raise UnsupportedMediaType(f"the file is {what}, which is not supported")
+    decode_text(data)
+    return "text"
+
+
+def _is_docx(data: bytes) -> bool:
+    # Detection runs in the API process: look at the entry count before zipfile builds an
+    # object per entry (a 50 MB upload could declare a million of them).
+    if _zip_entry_count(data) > _MAX_ZIP_ENTRIES:
+        raise UnsupportedMediaType("the zip archive has too many entries to be a .docx")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise UnsupportedMediaType("the file is a damaged zip archive") from None
+    return "word/document.xml" in names and "[Content_Types].xml" in names
+
+
+def _zip_entry_count(data: bytes) -> int:
+    """Entries declared by the end-of-central-directory record; huge when unreadable."""
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_557))
+    if at == -1 or at + 12 > len(data):
+        return 0  # no record: zipfile will call the archive damaged
+    (count,) = struct.unpack_from("<H", data, at + 10)
+    return int(count) if count != 0xFFFF else 1 << 32  # 0xFFFF: ZIP64, never a real .docx
+
+
+def _control_ratio(text: str) -> float:
+    sample = text[:65536]
+    controls = sum(1 for ch in sample if ch < " " and ch not in "\t\n\r\f\v\x1b")
+    return controls / max(1, len(sample))
+
+
+def _guess_text_type(data: bytes) -> str:
+    sample = _decode_prefix(data)
+    if _HTML_HINT.search(sample[:4096]):
+        return HTML
+    if len(_MD_HINT.findall(sample)) >= 2:
+        return MARKDOWN
+    return TEXT
+
+
+def _decode_prefix(data: bytes) -> str:
+    # The prefix may end inside a multi-byte character; the whole file already decoded.
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data[:65536].decode("utf-16", errors="ignore")
+    return data[:65536].decode("utf-8-sig", errors="ignore")

@@ -1,0 +1,284 @@
+"""The ingest queue in SQL: claim with a lease, renew, finish, retry.
+
+PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, so many workers never take one job twice;
+SQLite claims inside `BEGIN IMMEDIATE`, which serialises claimers. Every state change after a
+claim checks that the lease is still ours: a worker whose lease expired (and whose job another
+worker took over) cannot write anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import and_, or_, select, update
+
+from rag.db import Database
+from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
+from rag.db.repo import lock_collection
+
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """Another worker owns the job now; drop this attempt without writing."""
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: str
+    document_id: str
+    collection_id: str
+    attempt: int
+    max_attempts: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class JobInput:
+    data: bytes
+    media_type: str
+    embedding_model: str
+    embedding_dim: int
+    chunk_tokens: int
+    chunk_overlap: int
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    token_count: int
+
+
+def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
+    """Take the oldest runnable job: queued and due, or running with an expired lease."""
+    while True:
+        t = now()
+        with db.write() as session:
+            stmt = (
+                select(IngestJob)
+                .where(
+                    or_(
+                        and_(IngestJob.state == "queued", IngestJob.run_after <= t),
+                        and_(IngestJob.state == "running", IngestJob.lease_expires_at < t),
+                    )
+                )
+                .order_by(IngestJob.run_after, IngestJob.id)
+                .limit(1)
+            )
+            if not db.is_sqlite:
+                stmt = stmt.with_for_update(skip_locked=True)
+            job = session.scalar(stmt)
+            if job is None:
+                return None
+            if job.state == "running" and job.attempts >= job.max_attempts:
+                # Its worker died on every attempt: stop feeding it to workers.
+                _finish_failed(
+                    session,
+                    job,
+                    f"gave up after {job.attempts} attempts "
+                    "(the worker processing it stopped each time)",
+                )
+                continue
+            if job.state == "running":
+                log.warning("job %s: lease of %s expired, taking over", job.id, job.lease_owner)
+            job.state = "running"
+            job.attempts += 1
+            job.lease_owner = owner
+            job.lease_expires_at = t + lease_s
+            job.updated_at = t
+            return ClaimedJob(
+                job.id, job.document_id, job.collection_id, job.attempts, job.max_attempts, owner
+            )
+
+
+def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:
+    t = now()
+    with db.write() as session:
+        result = session.execute(
+            update(IngestJob).where(_ours(job)).values(lease_expires_at=t + lease_s, updated_at=t)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _ours(job: ClaimedJob):  # type: ignore[no-untyped-def]
+    return and_(
+        IngestJob.id == job.id,
+        IngestJob.state == "running",
+        IngestJob.lease_owner == job.owner,
+    )
+
+
+def load_input(db: Database, job: ClaimedJob) -> JobInput | None:
+    """The bytes and settings a job needs; None when its document is gone."""
+    with db.read() as session:
+        row = session.execute(
+            select(Document, Collection, Blob.data)
+            .join(Collection, Collection.id == Document.collection_id)
+            .join(Blob, Blob.sha256 == Document.sha256)
+            .where(Document.id == job.document_id)
+        ).first()
+    if row is None:
+        return None
+    doc, collection, data = row
+    if doc.deleted_at is not None or collection.deleted_at is not None:
+        return None
+    return JobInput(
+        data,
+        doc.media_type,
+        collection.embedding_model,
+        collection.embedding_dim,
+        collection.chunk_tokens,
+        collection.chunk_overlap,
+    )
+
+
+def set_status(db: Database, job: ClaimedJob, status: str) -> None:
+    with db.write() as session:
+        if session.scalar(select(IngestJob.id).where(_ours(job))) is None:
+            raise LeaseLost(job.id)
+        session.execute(
+            update(Document)
+            .where(Document.id == job.document_id, Document.deleted_at.is_(None))
+            .values(status=status, updated_at=now())
+        )
+
+
+def chunk_uid(document_id: str, row: ChunkRow) -> str:
+    import hashlib
+
+    key = f"{document_id}:{row.ordinal}:{row.start_char}:{row.end_char}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def complete(
+    db: Database,
+    job: ClaimedJob,
+    *,
+    text: str,
+    chunks: Sequence[ChunkRow],
+    vectors: npt.NDArray[np.float32],
+    embedding_model: str,
+) -> str:
+    """One transaction: chunks with their vectors, change-log rows, document indexed, job
+    done. Returns the job's final state."""
+    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    with db.write() as session:
+        job_row = session.scalar(select(IngestJob).where(_ours(job)))
+        if job_row is None:
+            raise LeaseLost(job.id)
+        lock_collection(session, job.collection_id)
+        doc = session.get(Document, job.document_id)
+        t = now()
+        if doc is None or doc.deleted_at is not None:
+            job_row.state, job_row.error = "cancelled", "document deleted"
+            job_row.finished_at = job_row.updated_at = t
+            job_row.lease_owner = None
+            return "cancelled"
+        rows = [
+            Chunk(
+                uid=chunk_uid(doc.id, c),
+                document_id=doc.id,
+                collection_id=doc.collection_id,
+                tenant_id=doc.tenant_id,
+                ordinal=c.ordinal,
+                text=c.text,
+                start_char=c.start_char,
+                end_char=c.end_char,
+                token_count=c.token_count,
+                embedding=vectors[i].tobytes(),
+                embedding_model=embedding_model,
+            )
+            for i, c in enumerate(chunks)
+        ]
+        session.add_all(rows)
+        session.flush()
+        session.add_all(
+            ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
+            for r in rows
+        )
+        doc.text = text
+        doc.status = "indexed"
+        doc.chunk_count = len(rows)
+        doc.error = None
+        doc.indexed_at = doc.updated_at = t
+        job_row.state = "done"
+        job_row.error = None
+        job_row.finished_at = job_row.updated_at = t
+        job_row.lease_owner = None
+        job_row.lease_expires_at = None
+        return "done"
+
+
+def fail(
+    db: Database,
+    job: ClaimedJob,
+    reason: str,
+    *,
+    permanent: bool,
+    backoff_base_s: float,
+    backoff_max_s: float,
+) -> str:
+    """Retry later with exponential backoff, or end the job `failed` with its reason."""
+    with db.write() as session:
+        job_row = session.scalar(select(IngestJob).where(_ours(job)))
+        if job_row is None:
+            raise LeaseLost(job.id)
+        if permanent or job_row.attempts >= job_row.max_attempts:
+            _finish_failed(session, job_row, reason)
+            return "failed"
+        delay = min(backoff_max_s, backoff_base_s * 2 ** (job_row.attempts - 1))
+        t = now()
+        job_row.state = "queued"
+        job_row.error = reason
+        job_row.run_after = t + delay
+        job_row.lease_owner = None
+        job_row.lease_expires_at = None
+        job_row.updated_at = t
+        session.execute(
+            update(Document)
+            .where(Document.id == job.document_id, Document.deleted_at.is_(None))
+            .values(status="queued", error=reason, updated_at=t)
+        )
+        return "queued"
+
+
+def _finish_failed(session, job_row: IngestJob, reason: str) -> None:  # type: ignore[no-untyped-def]
+    t = now()
+    job_row.state = "failed"
+    job_row.error = reason
+    job_row.finished_at = job_row.updated_at = t
+    job_row.lease_owner = None
+    job_row.lease_expires_at = None
+    session.execute(
+        update(Document)
+        .where(Document.id == job_row.document_id, Document.deleted_at.is_(None))
+        .values(status="failed", error=reason, updated_at=t)
+    )
+
+
+def queue_depth(db: Database) -> dict[str, int]:
+    from sqlalchemy import func
+
+    with db.read() as session:
+        rows = session.execute(
+            select(IngestJob.state, func.count()).group_by(IngestJob.state)
+        ).all()
+    return {state: int(n) for state, n in rows}
+
+
+def cancel(db: Database, job: ClaimedJob, reason: str) -> None:
+    with db.write() as session:
+        job_row = session.scalar(select(IngestJob).where(_ours(job)))
+        if job_row is None:
+            raise LeaseLost(job.id)
+        t = now()
+        job_row.state, job_row.error = "cancelled", reason
+        job_row.finished_at = job_row.updated_at = t
+        job_row.lease_owner = None

@@ -1,0 +1,82 @@
+"""One job, top to bottom: load → parse → chunk → embed → write (one transaction)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ingest import jobs
+from ingest.chunk import chunk_text
+from ingest.jobs import ChunkRow, ClaimedJob
+from ingest.parse import ParseLimits, parse, parse_isolated
+from rag.config import IngestSettings
+from rag.db import Database
+from rag.embed import Embedder
+from rag.errors import ParseError, UnsupportedMediaType
+
+log = logging.getLogger(__name__)
+
+# Plain text needs no sandbox: decoding is bounded by the upload size limit.
+IN_PROCESS_TYPES = {"text/plain", "text/markdown"}
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help (bad file, wrong model): the job ends `failed` at once."""
+
+
+class Pipeline:
+    def __init__(self, db: Database, embedder: Embedder, settings: IngestSettings) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.settings = settings
+        self.limits = ParseLimits.from_settings(settings)
+
+    def run(self, job: ClaimedJob, still_ours: Callable[[], None]) -> str:
+        """Process one claimed job. `still_ours` raises LeaseLost when the lease was lost."""
+        inp = jobs.load_input(self.db, job)
+        if inp is None:
+            jobs.cancel(self.db, job, "document deleted")
+            return "cancelled"
+        if inp.embedding_model != self.embedder.model_id:
+            raise PermanentFailure(
+                f"collection embeds with {inp.embedding_model!r} but this worker runs "
+                f"{self.embedder.model_id!r}"
+            )
+
+        jobs.set_status(self.db, job, "parsing")
+        text = self.parse(inp.data, inp.media_type)
+
+        still_ours()
+        max_tokens = min(inp.chunk_tokens, self.embedder.max_tokens)
+        overlap = min(inp.chunk_overlap, max_tokens // 2)
+        spans = chunk_text(text, self.embedder.token_spans, max_tokens, overlap)
+        if not spans:
+            raise PermanentFailure("the document contains no text")
+        chunks = [
+            ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans
+        ]
+
+        jobs.set_status(self.db, job, "embedding")
+        vectors = self.embedder.embed([c.text for c in chunks])
+
+        still_ours()
+        state = jobs.complete(
+            self.db,
+            job,
+            text=text,
+            chunks=chunks,
+            vectors=vectors,
+            embedding_model=self.embedder.model_id,
+        )
+        log.info("job %s: %s, %d chunks", job.id, state, len(chunks))
+        return state
+
+    def parse(self, data: bytes, media_type: str) -> str:
+        try:
+            if media_type in IN_PROCESS_TYPES:
+                parsed = parse(data, media_type, self.limits)
+            else:
+                parsed = parse_isolated(data, media_type, self.limits)
+        except (ParseError, UnsupportedMediaType) as exc:
+            raise PermanentFailure(exc.message) from exc
+        return parsed.text

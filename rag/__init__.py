@@ -1,0 +1,3 @@
+"""ragserve: private documents in, grounded answers with citations out."""
+
+__version__ = "0.1.0"

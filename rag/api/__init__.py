@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI). Nothing below this package imports FastAPI."""

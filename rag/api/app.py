@@ -1,0 +1,44 @@
+"""create_app(settings, services=None): the FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from rag import __version__
+from rag.api import errors
+from rag.api.limits import BodyLimit
+from rag.api.routes import collections, documents, health, jobs, keys
+from rag.config import Settings
+from rag.services import Services, build_services
+
+# multipart boundaries and headers around the files themselves
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = services or build_services(settings)
+        app.state.services = svc
+        svc.start()
+        try:
+            yield
+        finally:
+            svc.close()
+
+    app = FastAPI(
+        title="ragserve",
+        version=__version__,
+        description="Private documents in, grounded answers with citations out.",
+        lifespan=lifespan,
+    )
+    if services is not None:
+        app.state.services = services
+    errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
+    for module in (health, keys, collections, documents, jobs):
+        app.include_router(module.router)
+    return app

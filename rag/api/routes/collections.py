@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from rag.db import repo
+
+router = APIRouter(prefix="/v1/collections", tags=["collections"])
+
+
+@router.post("", status_code=201, response_model=CollectionOut)
+def create_collection(
+    body: CollectionCreate, services: ServicesDep, principal: CurrentPrincipal
+) -> CollectionOut:
+    ingest = services.settings.ingest
+    tokens = body.chunking.tokens or ingest.chunk_tokens
+    tokens = min(tokens, services.embedder.max_tokens)
+    overlap = body.chunking.overlap if body.chunking.overlap is not None else ingest.chunk_overlap
+    overlap = min(overlap, tokens // 2)
+    with services.db.write() as session:
+        c = repo.create_collection(
+            session,
+            principal.tenant_id,
+            name=body.name,
+            description=body.description,
+            embedding_model=services.embedder.model_id,
+            embedding_dim=services.embedder.dim,
+            chunk_tokens=tokens,
+            chunk_overlap=overlap,
+            index_kind=body.index.kind,
+            index_params=dict(body.index.params),
+            search_defaults={},
+        )
+        return CollectionOut.of(c)
+
+
+@router.get("", response_model=CollectionList)
+def list_collections(services: ServicesDep, principal: CurrentPrincipal) -> CollectionList:
+    with services.db.read() as session:
+        out = [
+            CollectionOut.of(
+                c, repo.document_counts(session, c.id), repo.chunk_count(session, c.id)
+            )
+            for c in repo.list_collections(session, principal.tenant_id)
+        ]
+    return CollectionList(collections=out)
+
+
+@router.get("/{collection_id}", response_model=CollectionOut)
+def get_collection(
+    collection_id: str, services: ServicesDep, principal: CurrentPrincipal
+) -> CollectionOut:
+    with services.db.read() as session:
+        c = repo.get_collection(session, principal.tenant_id, collection_id)
+        return CollectionOut.of(
+            c, repo.document_counts(session, c.id), repo.chunk_count(session, c.id)
+        )
+
+
+@router.delete("/{collection_id}", status_code=204)
+def delete_collection(
+    collection_id: str, services: ServicesDep, principal: CurrentPrincipal
+) -> Response:
+    with services.db.write() as session:
+        repo.delete_collection(session, principal.tenant_id, collection_id)
+    return Response(status_code=204)

@@ -1,0 +1,255 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from ingest.detect import detect_media_type, safe_filename
+from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.schemas import (
+    AcceptedDocument,
+    ChunkList,
+    ChunkOut,
+    DocumentList,
+    DocumentOut,
+    TextDocumentIn,
+    TextDocumentsIn,
+    UploadAccepted,
+)
+from rag.auth import Principal
+from rag.db import repo
+from rag.errors import Invalid, TooLarge, UnsupportedMediaType
+from rag.services import Services
+
+router = APIRouter(tags=["documents"])
+
+UPLOAD_DOC = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "metadata": {"type": "string", "description": "a JSON object"},
+                    },
+                    "required": ["files"],
+                }
+            },
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/TextDocumentIn"},
+                        {"$ref": "#/components/schemas/TextDocumentsIn"},
+                    ]
+                }
+            },
+        },
+        "required": True,
+    }
+}
+
+
+@dataclass
+class Incoming:
+    filename: str
+    data: bytes
+    declared: str | None
+    meta: dict[str, Any]
+
+
+@router.post(
+    "/v1/collections/{collection_id}/documents",
+    status_code=202,
+    response_model=UploadAccepted,
+    openapi_extra=UPLOAD_DOC,
+)
+async def upload(
+    collection_id: str, request: Request, services: ServicesDep, principal: CurrentPrincipal
+) -> UploadAccepted:
+    """Upload one or many files (multipart field `files`, optional JSON `metadata`), or text
+    as JSON. 202 means durable: each document will end `indexed` or `failed`."""
+    limit = services.settings.ingest.max_upload_bytes
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "multipart/form-data":
+        incoming = await _read_multipart(request, services, limit)
+    elif ctype == "application/json":
+        incoming = _read_json(await request.body(), limit)
+    else:
+        raise UnsupportedMediaType(
+            "send multipart/form-data (field 'files') or application/json ({'text': ...})"
+        )
+    accepted = await run_in_threadpool(_accept, services, principal, collection_id, incoming)
+    services.wake_workers()
+    return UploadAccepted(documents=accepted)
+
+
+async def _read_multipart(request: Request, services: Services, limit: int) -> list[Incoming]:
+    max_files = services.settings.ingest.max_files_per_request
+    try:
+        form = await request.form(max_files=max_files, max_fields=20)
+    except TooLarge:
+        raise
+    except Exception as exc:  # starlette reports bad multipart as a generic error
+        raise Invalid(f"malformed multipart body: {exc}") from None
+    try:
+        meta = _parse_meta(form.get("metadata"))
+        unknown = set(form.keys()) - {"files", "file", "metadata"}
+        if unknown:
+            raise Invalid(f"unknown form fields: {sorted(unknown)}")
+        uploads = [f for f in form.getlist("files") + form.getlist("file")]
+        if not uploads:
+            raise Invalid("no files: send them in the multipart field 'files'")
+        out = []
+        for upload in uploads:
+            if not isinstance(upload, UploadFile):
+                raise Invalid("'files' must be file parts, not text fields")
+            data = await upload.read(limit + 1)
+            if len(data) > limit:
+                raise TooLarge(
+                    f"{safe_filename(upload.filename)} is larger than the {limit} byte limit"
+                )
+            out.append(Incoming(safe_filename(upload.filename), data, upload.content_type, meta))
+        return out
+    finally:
+        await form.close()
+
+
+def _parse_meta(raw: object) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, str):
+        raise Invalid("metadata must be a JSON object in a text field")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise Invalid(f"metadata is not valid JSON: {exc.msg}") from None
+    return _check_meta(meta)
+
+
+def _check_meta(meta: object) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise Invalid("metadata must be a JSON object")
+    for key, value in meta.items():
+        if not isinstance(key, str) or not key or len(key) > 100:
+            raise Invalid("metadata keys must be strings of 1-100 characters")
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            raise Invalid(f"metadata value for {key!r} must be a string, number or boolean")
+    if len(json.dumps(meta)) > 16_384:
+        raise Invalid("metadata is larger than 16 KiB")
+    return meta
+
+
+def _read_json(raw: bytes, limit: int) -> list[Incoming]:
+    try:
+        payload = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Invalid(f"malformed JSON: {exc}") from None
+    docs = (
+        TextDocumentsIn.model_validate(payload).documents
+        if isinstance(payload, dict) and "documents" in payload
+        else [TextDocumentIn.model_validate(payload)]
+    )
+    out = []
+    for d in docs:
+        data = d.text.encode("utf-8")
+        if len(data) > limit:
+            raise TooLarge(f"text is larger than the {limit} byte limit")
+        default = "document.md" if d.media_type == "text/markdown" else "document.txt"
+        name = safe_filename(d.filename) if d.filename else default
+        out.append(Incoming(name, data, d.media_type or "text/plain", _check_meta(d.metadata)))
+    return out
+
+
+def _accept(
+    services: Services, principal: Principal, collection_id: str, incoming: list[Incoming]
+) -> list[AcceptedDocument]:
+    # Type checks happen before anything is written: a bad file rejects the whole request.
+    typed = [
+        (item, detect_media_type(item.data, item.filename, item.declared)) for item in incoming
+    ]
+    accepted = []
+    with services.db.write() as session:
+        collection = repo.get_collection(session, principal.tenant_id, collection_id)
+        for item, media_type in typed:
+            result = repo.add_document(
+                session,
+                collection,
+                filename=item.filename,
+                media_type=media_type,
+                data=item.data,
+                sha256=hashlib.sha256(item.data).hexdigest(),
+                meta=item.meta,
+                max_attempts=services.settings.ingest.max_attempts,
+            )
+            accepted.append(
+                AcceptedDocument(
+                    document_id=result.document.id,
+                    job_id=result.job.id if result.job else None,
+                    filename=result.document.filename,
+                    media_type=result.document.media_type,
+                    size=result.document.size,
+                    status=result.document.status,
+                    duplicate=result.duplicate,
+                )
+            )
+    return accepted
+
+
+@router.get("/v1/collections/{collection_id}/documents", response_model=DocumentList)
+def list_documents(
+    collection_id: str,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+    status: str | None = None,
+) -> DocumentList:
+    with services.db.read() as session:
+        docs, next_cursor = repo.list_documents(
+            session,
+            principal.tenant_id,
+            collection_id,
+            limit=limit,
+            cursor=cursor,
+            status=status,
+        )
+        return DocumentList(documents=[DocumentOut.of(d) for d in docs], next_cursor=next_cursor)
+
+
+@router.get("/v1/documents/{document_id}", response_model=DocumentOut)
+def get_document(
+    document_id: str, services: ServicesDep, principal: CurrentPrincipal
+) -> DocumentOut:
+    with services.db.read() as session:
+        return DocumentOut.of(repo.get_document(session, principal.tenant_id, document_id))
+
+
+@router.get("/v1/documents/{document_id}/chunks", response_model=ChunkList)
+def list_chunks(
+    document_id: str,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> ChunkList:
+    with services.db.read() as session:
+        chunks = repo.list_chunks(
+            session, principal.tenant_id, document_id, limit=limit, offset=offset
+        )
+        return ChunkList(chunks=[ChunkOut.of(c) for c in chunks], offset=offset, limit=limit)
+
+
+@router.delete("/v1/documents/{document_id}", status_code=204)
+def delete_document(
+    document_id: str, services: ServicesDep, principal: CurrentPrincipal
+) -> Response:
+    """Tombstone at once: from this answer on the document is in no result or answer."""
+    with services.db.write() as session:
+        repo.delete_document(session, principal.tenant_id, document_id)
+    return Response(status_code=204)

@@ -1,0 +1,266 @@
+"""Request and response bodies. Requests forbid unknown fields; tables stay in rag.db."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rag.db.models import ApiKey, Chunk, Collection, Document, IngestJob
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- collections
+
+
+class ChunkingIn(Request):
+    tokens: int | None = Field(None, ge=16, le=512, description="chunk size in model tokens")
+    overlap: int | None = Field(None, ge=0, le=256, description="tokens shared by neighbours")
+
+
+IndexKind = Literal["auto", "exact", "hnsw", "faiss-flat", "faiss-ivf", "faiss-hnsw", "faiss-sq8"]
+
+
+class IndexIn(Request):
+    kind: IndexKind = "auto"
+    params: dict[str, int | float | str | bool] = Field(default_factory=dict)
+
+
+class CollectionCreate(Request):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field("", max_length=2000)
+    chunking: ChunkingIn = Field(default_factory=ChunkingIn)
+    index: IndexIn = Field(default_factory=IndexIn)
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        v = v.strip()
+        if not v or any(ord(c) < 32 for c in v):
+            raise ValueError("name must be non-empty printable text")
+        return v
+
+
+class CollectionOut(BaseModel):
+    id: str
+    name: str
+    description: str
+    embedding_model: str
+    embedding_dim: int
+    chunk_tokens: int
+    chunk_overlap: int
+    index_kind: str
+    index_params: dict[str, Any]
+    search_defaults: dict[str, Any]
+    created_at: str | None
+    documents: dict[str, int] = Field(default_factory=dict)
+    chunks: int = 0
+
+    @classmethod
+    def of(
+        cls, c: Collection, documents: dict[str, int] | None = None, chunks: int = 0
+    ) -> CollectionOut:
+        return cls(
+            id=c.id,
+            name=c.name,
+            description=c.description,
+            embedding_model=c.embedding_model,
+            embedding_dim=c.embedding_dim,
+            chunk_tokens=c.chunk_tokens,
+            chunk_overlap=c.chunk_overlap,
+            index_kind=c.index_kind,
+            index_params=c.index_params or {},
+            search_defaults=c.search_defaults or {},
+            created_at=iso(c.created_at),
+            documents=documents or {},
+            chunks=chunks,
+        )
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+
+
+# ---------------------------------------------------------------- documents
+
+
+class TextDocumentIn(Request):
+    text: str = Field(min_length=1, description="the document's text")
+    filename: str | None = Field(None, max_length=255)
+    media_type: Literal["text/plain", "text/markdown", "text/html"] | None = None
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("text is empty")
+        if "\x00" in v:
+            raise ValueError("text contains NUL characters")
+        return v
+
+
+class TextDocumentsIn(Request):
+    documents: list[TextDocumentIn] = Field(min_length=1, max_length=1000)
+
+
+class AcceptedDocument(BaseModel):
+    document_id: str
+    job_id: str | None
+    filename: str
+    media_type: str
+    size: int
+    status: str
+    duplicate: bool
+
+
+class UploadAccepted(BaseModel):
+    documents: list[AcceptedDocument]
+
+
+class DocumentOut(BaseModel):
+    id: str
+    collection_id: str
+    filename: str
+    media_type: str
+    sha256: str
+    size: int
+    status: str
+    error: str | None
+    metadata: dict[str, Any]
+    chunk_count: int
+    created_at: str | None
+    updated_at: str | None
+    indexed_at: str | None
+
+    @classmethod
+    def of(cls, d: Document) -> DocumentOut:
+        return cls(
+            id=d.id,
+            collection_id=d.collection_id,
+            filename=d.filename,
+            media_type=d.media_type,
+            sha256=d.sha256,
+            size=d.size,
+            status=d.status,
+            error=d.error,
+            metadata=d.meta or {},
+            chunk_count=d.chunk_count,
+            created_at=iso(d.created_at),
+            updated_at=iso(d.updated_at),
+            indexed_at=iso(d.indexed_at),
+        )
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentOut]
+    next_cursor: str | None
+
+
+class ChunkOut(BaseModel):
+    id: int
+    uid: str
+    document_id: str
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    token_count: int
+
+    @classmethod
+    def of(cls, c: Chunk) -> ChunkOut:
+        return cls(
+            id=c.id,
+            uid=c.uid,
+            document_id=c.document_id,
+            ordinal=c.ordinal,
+            text=c.text,
+            start_char=c.start_char,
+            end_char=c.end_char,
+            token_count=c.token_count,
+        )
+
+
+class ChunkList(BaseModel):
+    chunks: list[ChunkOut]
+    offset: int
+    limit: int
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobOut(BaseModel):
+    id: str
+    document_id: str
+    collection_id: str
+    state: str
+    done: bool
+    attempts: int
+    max_attempts: int
+    error: str | None
+    created_at: str | None
+    finished_at: str | None
+    next_attempt_at: str | None
+
+    @classmethod
+    def of(cls, j: IngestJob) -> JobOut:
+        done = j.state in ("done", "failed", "cancelled")
+        return cls(
+            id=j.id,
+            document_id=j.document_id,
+            collection_id=j.collection_id,
+            state=j.state,
+            done=done,
+            attempts=j.attempts,
+            max_attempts=j.max_attempts,
+            error=j.error,
+            created_at=iso(j.created_at),
+            finished_at=iso(j.finished_at),
+            next_attempt_at=iso(j.run_after) if j.state == "queued" else None,
+        )
+
+
+# ---------------------------------------------------------------- keys
+
+
+class KeyCreate(Request):
+    tenant: str = Field(min_length=1, max_length=200)
+    admin: bool = False
+
+
+class KeyCreated(BaseModel):
+    key: str = Field(description="shown once; only its hash is stored")
+    tenant: str
+    tenant_id: str
+
+
+class KeyInfo(BaseModel):
+    id: str
+    prefix: str
+    tenant_id: str
+    is_admin: bool
+    created_at: str | None
+
+    @classmethod
+    def of(cls, k: ApiKey) -> KeyInfo:
+        return cls(
+            id=k.id,
+            prefix=k.prefix,
+            tenant_id=k.tenant_id,
+            is_admin=k.is_admin,
+            created_at=iso(k.created_at),
+        )
+
+
+class Health(BaseModel):
+    status: str
+    version: str

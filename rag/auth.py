@@ -1,0 +1,131 @@
+"""API keys: shown once, stored as a sha256 hash, resolved to a tenant on every request."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from rag.db import Database
+from rag.db.models import ApiKey, Tenant
+from rag.errors import Forbidden, Invalid, Unauthorized
+
+log = logging.getLogger(__name__)
+
+ADMIN_TENANT = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant_id: str
+    tenant_name: str
+    is_admin: bool
+    key_id: str
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return "rag_" + secrets.token_urlsafe(32)
+
+
+def _tenant(session: Session, name: str, *, create: bool) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        if not create:
+            raise Invalid(f"no tenant named {name!r}")
+        tenant = Tenant(name=name)
+        session.add(tenant)
+        session.flush()
+    return tenant
+
+
+def validate_tenant_name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
+        raise Invalid("tenant name must be 1-200 printable characters")
+    return name
+
+
+def create_key(db: Database, tenant_name: str, *, is_admin: bool = False) -> tuple[str, str]:
+    """Create a key for a tenant (created if new). Returns (key, tenant_id); the key is not
+    stored and cannot be shown again."""
+    tenant_name = validate_tenant_name(tenant_name)
+    key = new_key()
+    with db.write() as session:
+        tenant = _tenant(session, tenant_name, create=True)
+        session.add(
+            ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=is_admin)
+        )
+        tenant_id = tenant.id
+    log.info("api key created for tenant %s", tenant_id)
+    return key, tenant_id
+
+
+def ensure_admin_key(db: Database, configured: str | None) -> str | None:
+    try:
+        return _ensure_admin_key(db, configured)
+    except IntegrityError:
+        # Another process (the API and workers start together) got there first.
+        return _ensure_admin_key(db, configured)
+
+
+def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
+    """Make sure an admin key exists. With a configured key, register its hash; without one
+    and with no admin key yet, generate one and return it so the caller can print it once."""
+    with db.write() as session:
+        tenant = _tenant(session, ADMIN_TENANT, create=True)
+        if configured:
+            digest = hash_key(configured)
+            if session.scalar(select(ApiKey).where(ApiKey.key_hash == digest)) is None:
+                session.add(
+                    ApiKey(
+                        tenant_id=tenant.id, key_hash=digest, prefix=configured[:10], is_admin=True
+                    )
+                )
+            return None
+        existing = session.scalar(
+            select(ApiKey).where(ApiKey.is_admin.is_(True), ApiKey.revoked_at.is_(None))
+        )
+        if existing is not None:
+            return None
+        key = new_key()
+        session.add(
+            ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=True)
+        )
+        return key
+
+
+def authenticate(db: Database, authorization: str | None) -> Principal:
+    if not authorization:
+        raise Unauthorized("missing Authorization header: use 'Authorization: Bearer <key>'")
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise Unauthorized("Authorization header must be 'Bearer <key>'")
+    digest = hash_key(key)
+    with db.read() as session:
+        row = session.execute(
+            select(ApiKey, Tenant.name)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None))
+        ).first()
+    # The lookup is by hash; compare again in constant time for good measure.
+    if row is None or not hmac.compare_digest(row[0].key_hash, digest):
+        raise Unauthorized("invalid API key")
+    api_key, tenant_name = row
+    return Principal(api_key.tenant_id, tenant_name, api_key.is_admin, api_key.id)
+
+
+def require_admin(principal: Principal) -> None:
+    if not principal.is_admin:
+        # Only key management is admin-only; everything else is tenant-scoped.
+        raise Forbidden("this operation needs an admin key")

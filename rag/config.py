@@ -1,0 +1,96 @@
+"""One Settings object, built at startup and passed down as typed sub-models.
+
+Every option can be set from the environment with the prefix ``RAG_`` and ``__`` between
+levels, for example ``RAG_DATABASE__URL`` or ``RAG_INGEST__MAX_UPLOAD_MB``. Unknown options
+fail at startup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatabaseSettings(_Section):
+    # None means a SQLite file inside the data directory.
+    url: str | None = None
+    echo: bool = False
+
+
+class EmbedSettings(_Section):
+    # "sentence-transformers" loads the bundled all-MiniLM-L6-v2 (or `model_path`);
+    # "hash" is a deterministic, model-free embedder for tests and smoke runs.
+    backend: Literal["sentence-transformers", "hash"] = "sentence-transformers"
+    model_path: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    batch_size: int = Field(64, ge=1, le=4096)
+    hash_dim: int = Field(384, ge=8, le=4096)
+
+
+class IngestSettings(_Section):
+    max_upload_mb: float = Field(50.0, gt=0)
+    max_files_per_request: int = Field(100, ge=1)
+    max_text_chars: int = Field(5_000_000, ge=1)
+    chunk_tokens: int = Field(200, ge=16, le=512)
+    chunk_overlap: int = Field(32, ge=0, le=256)
+    # Parsing runs in a child process under these limits.
+    parse_timeout_s: float = Field(60.0, gt=0)
+    parse_memory_mb: int = Field(1024, ge=64)
+    max_pages: int = Field(2000, ge=1)
+    # Worker behaviour.
+    in_process_worker: bool = True
+    lease_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    backoff_base_s: float = Field(2.0, ge=0)
+    backoff_max_s: float = Field(300.0, ge=0)
+    poll_interval_s: float = Field(0.5, gt=0)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
+
+
+class AuthSettings(_Section):
+    # When unset, an admin key is generated on first start and printed once.
+    admin_key: SecretStr | None = None
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    long_poll_max_s: float = Field(60.0, gt=0)
+    page_size_max: int = Field(500, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RAG_", env_nested_delimiter="__", extra="forbid", env_file=None
+    )
+
+    data_dir: Path = Path("./data")
+    database: DatabaseSettings = DatabaseSettings()
+    embed: EmbedSettings = EmbedSettings()
+    ingest: IngestSettings = IngestSettings()
+    auth: AuthSettings = AuthSettings()
+    api: ApiSettings = ApiSettings()
+    log_level: str = "INFO"
+    log_json: bool = False
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> Settings:
+        if self.ingest.chunk_overlap >= self.ingest.chunk_tokens:
+            raise ValueError("ingest.chunk_overlap must be smaller than ingest.chunk_tokens")
+        return self
+
+    @property
+    def database_url(self) -> str:
+        if self.database.url:
+            return self.database.url
+        return f"sqlite:///{(self.data_dir / 'rag.db').resolve()}"

@@ -1,0 +1,198 @@
+"""Tables: the system of record. Every schema change goes through an Alembic migration.
+
+Times are UTC epoch seconds (float) so lease arithmetic is the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now() -> float:
+    return time.time()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    # sha256 of the key; the key itself is shown once and never stored.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Collection(Base):
+    __tablename__ = "collections"
+    __table_args__ = (
+        Index(
+            "uq_collections_tenant_name_live",
+            "tenant_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    embedding_model: Mapped[str] = mapped_column(String(200))
+    embedding_dim: Mapped[int] = mapped_column(Integer)
+    chunk_tokens: Mapped[int] = mapped_column(Integer)
+    chunk_overlap: Mapped[int] = mapped_column(Integer)
+    index_kind: Mapped[str] = mapped_column(String(40), default="auto")
+    index_params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    search_defaults: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Blob(Base):
+    """Uploaded bytes, stored under their sha256 in the same transaction as the document."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Document(Base):
+    __tablename__ = "documents"
+    __table_args__ = (
+        # The same bytes in the same collection are one document (while it is live).
+        Index(
+            "uq_documents_collection_sha_live",
+            "collection_id",
+            "sha256",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+        Index("ix_documents_collection_created", "collection_id", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(255))
+    media_type: Mapped[str] = mapped_column(String(100))
+    sha256: Mapped[str] = mapped_column(String(64), ForeignKey("blobs.sha256"))
+    size: Mapped[int] = mapped_column(BigInteger)
+    # queued -> parsing -> embedding -> indexed | failed; deleted is a tombstone.
+    status: Mapped[str] = mapped_column(String(20), default="queued")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    # The text the chunks' character offsets point into.
+    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    chunk_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    indexed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Chunk(Base):
+    __tablename__ = "chunks"
+    __table_args__ = (Index("ix_chunks_document_ordinal", "document_id", "ordinal"),)
+
+    # The integer id is the label the vector index stores.
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    # Deterministic (document id, ordinal, span): re-running a job cannot double a chunk.
+    uid: Mapped[str] = mapped_column(String(64), unique=True)
+    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
+    collection_id: Mapped[str] = mapped_column(
+        ForeignKey("collections.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    start_char: Mapped[int] = mapped_column(Integer)
+    end_char: Mapped[int] = mapped_column(Integer)
+    token_count: Mapped[int] = mapped_column(Integer)
+    # float32, little-endian, `embedding_dim` values, L2-normalised.
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)
+    embedding_model: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class IngestJob(Base):
+    __tablename__ = "ingest_jobs"
+    __table_args__ = (Index("ix_ingest_jobs_claim", "state", "run_after"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    collection_id: Mapped[str] = mapped_column(String(32))
+    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
+    # queued -> running -> done | failed
+    state: Mapped[str] = mapped_column(String(20), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=5)
+    run_after: Mapped[float] = mapped_column(Float, default=now)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ChangeLog(Base):
+    """What the vector indexes catch up from: seq > a snapshot's watermark.
+
+    Writers lock the collection row first, so within a collection seq order is commit order.
+    """
+
+    __tablename__ = "change_log"
+    __table_args__ = (Index("ix_change_log_collection_seq", "collection_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    collection_id: Mapped[str] = mapped_column(String(32))
+    # "add" or "remove"
+    op: Mapped[str] = mapped_column(String(10))
+    chunk_id: Mapped[int] = mapped_column(BigInteger)
+    document_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float, default=now)

@@ -1,0 +1,76 @@
+"""Engines and sessions. SQLite gets WAL, synchronous=FULL and BEGIN IMMEDIATE for writers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+
+
+class Database:
+    """One engine per process; `read()` and `write()` open short transactions."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = make_url(url)
+        self.is_sqlite = self.url.get_backend_name() == "sqlite"
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if self.is_sqlite:
+            if self.url.database and self.url.database != ":memory:":
+                Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
+        else:
+            kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
+            if self.url.get_backend_name() == "postgresql" and self.url.drivername == "postgresql":
+                self.url = self.url.set(drivername="postgresql+psycopg")
+        self.engine: Engine = create_engine(self.url, **kwargs)
+        if self.is_sqlite:
+            _configure_sqlite(self.engine)
+        self._read = sessionmaker(self.engine, expire_on_commit=False)
+        self._write = sessionmaker(
+            self.engine.execution_options(sqlite_begin="IMMEDIATE"), expire_on_commit=False
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.url.get_backend_name()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction. On SQLite it takes the write lock at BEGIN, which avoids the
+        deadlock of two readers both upgrading to writers."""
+        with self._write() as session, session.begin():
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's begin event issue BEGIN itself (pysqlite's own is unreliable).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")

@@ -1,0 +1,74 @@
+"""The composition root: build every service once from Settings, start and stop them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from rag.auth import ensure_admin_key
+from rag.config import Settings
+from rag.db import Database
+from rag.db.migrate import upgrade
+from rag.embed import Embedder, build_embedder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    embedder: Embedder
+    workers: list = field(default_factory=list)  # ingest.worker.Worker
+    stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for worker in self.workers:
+            self._threads.append(worker.start_thread(self.stop))
+
+    def wake_workers(self) -> None:
+        for worker in self.workers:
+            worker.wake.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake_workers()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self._threads.clear()
+        self.db.dispose()
+
+
+def build_services(
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    in_process_worker: bool | None = None,
+    announce_admin_key: bool = True,
+) -> Services:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.database_url, echo=settings.database.echo)
+    upgrade(db)
+    configured = settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else None
+    generated = ensure_admin_key(db, configured)
+    if generated and announce_admin_key:
+        # Printed once, to the terminal only (never to the log).
+        print(f"\nGenerated admin API key (shown once, store it now): {generated}\n", flush=True)
+    embedder = embedder or build_embedder(settings.embed)
+    services = Services(settings=settings, db=db, embedder=embedder)
+    run_worker = (
+        settings.ingest.in_process_worker if in_process_worker is None else (in_process_worker)
+    )
+    if run_worker:
+        services.workers.append(make_worker(services))
+    return services
+
+
+def make_worker(services: Services):  # type: ignore[no-untyped-def]
+    from ingest.pipeline import Pipeline
+    from ingest.worker import Worker
+
+    pipeline = Pipeline(services.db, services.embedder, services.settings.ingest)
+    return Worker(services.db, pipeline, services.settings.ingest)

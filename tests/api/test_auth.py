@@ -1,0 +1,88 @@
+"""Every endpoint but health needs a key; another tenant's ids answer 404, never 403."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ADMIN, Api
+
+
+def test_health_needs_no_key(api: Api) -> None:
+    assert api.client.get("/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer "},
+    ],
+)
+def test_missing_or_bad_key_is_401(api: Api, headers: dict[str, str]) -> None:
+    r = api.client.get("/v1/collections", headers=headers)
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "unauthorized"
+
+
+def test_every_route_but_health_needs_a_key(api: Api) -> None:
+    for route in api.client.app.routes:  # type: ignore[attr-defined]
+        path = getattr(route, "path", "")
+        if not path.startswith("/v1"):
+            continue
+        for method in route.methods - {"HEAD"}:
+            url = path.replace("{collection_id}", "x").replace("{document_id}", "x")
+            url = url.replace("{job_id}", "x")
+            r = api.client.request(method, url)
+            assert r.status_code == 401, (method, url, r.status_code)
+
+
+def test_other_tenants_ids_answer_404(api: Api) -> None:
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "tenant a's private text")
+    api.wait_job(api.a, item["job_id"])
+    doc, job = item["document_id"], item["job_id"]
+    b = api.b
+    c = api.client
+    checks = [
+        c.get(f"/v1/collections/{cid}", headers=b),
+        c.delete(f"/v1/collections/{cid}", headers=b),
+        c.get(f"/v1/collections/{cid}/documents", headers=b),
+        c.post(f"/v1/collections/{cid}/documents", json={"text": "intrusion"}, headers=b),
+        c.get(f"/v1/documents/{doc}", headers=b),
+        c.get(f"/v1/documents/{doc}/chunks", headers=b),
+        c.delete(f"/v1/documents/{doc}", headers=b),
+        c.get(f"/v1/jobs/{job}", headers=b),
+    ]
+    for r in checks:
+        assert r.status_code == 404, (r.request.method, r.request.url, r.text)
+        assert r.json()["error"]["code"] == "not_found"
+    # Tenant b sees no collections, and tenant a's data is untouched.
+    assert c.get("/v1/collections", headers=b).json()["collections"] == []
+    assert c.get(f"/v1/documents/{doc}", headers=api.a).json()["status"] == "indexed"
+    # The same name is free for another tenant.
+    assert api.collection(b, name="docs") != cid
+
+
+def test_keys_are_admin_only(api: Api) -> None:
+    r = api.client.post("/v1/keys", json={"tenant": "new"}, headers=api.a)
+    assert r.status_code == 403
+    r = api.client.post("/v1/keys", json={"tenant": "new"}, headers=ADMIN)
+    assert r.status_code == 201
+    key = r.json()["key"]
+    me = api.client.get("/v1/keys/me", headers={"Authorization": f"Bearer {key}"}).json()
+    assert me["tenant_id"] == r.json()["tenant_id"] and key.startswith(me["prefix"])
+    assert "key" not in me
+
+
+def test_only_the_hash_is_stored(api: Api) -> None:
+    from sqlalchemy import select
+
+    from rag.db.models import ApiKey
+
+    r = api.client.post("/v1/keys", json={"tenant": "hashcheck"}, headers=ADMIN)
+    key = r.json()["key"]
+    with api.services.db.read() as s:
+        stored = [k.key_hash for k in s.scalars(select(ApiKey))]
+    assert key not in stored and all(len(h) == 64 for h in stored)

@@ -1,0 +1,190 @@
+"""The queue and the worker on real databases: leases, takeover, retries, exactly once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from sqlalchemy import func, select
+
+from ingest import jobs
+from ingest.jobs import LeaseLost
+from ingest.pipeline import Pipeline
+from ingest.worker import Worker
+from rag.config import IngestSettings
+from rag.db import Database, repo
+from rag.db.models import Chunk, Document, IngestJob, Tenant
+from rag.embed import HashEmbedder
+
+
+def _collection(db: Database, embedder: HashEmbedder) -> str:
+    with db.write() as s:
+        tenant = Tenant(name="t")
+        s.add(tenant)
+        s.flush()
+        c = repo.create_collection(
+            s,
+            tenant.id,
+            name="c",
+            embedding_model=embedder.model_id,
+            embedding_dim=embedder.dim,
+            chunk_tokens=64,
+            chunk_overlap=8,
+            index_kind="auto",
+            index_params={},
+            search_defaults={},
+        )
+        return c.id
+
+
+def _upload(db: Database, cid: str, text: str, max_attempts: int = 5) -> str:
+    import hashlib
+
+    data = text.encode()
+    with db.write() as s:
+        collection = repo.get_collection(s, _tenant_of(s, cid), cid)
+        acc = repo.add_document(
+            s,
+            collection,
+            filename="t.txt",
+            media_type="text/plain",
+            data=data,
+            sha256=hashlib.sha256(data).hexdigest(),
+            meta={},
+            max_attempts=max_attempts,
+        )
+        assert acc.job is not None
+        return acc.job.id
+
+
+def _tenant_of(session, cid: str) -> str:  # type: ignore[no-untyped-def]
+    from rag.db.models import Collection
+
+    return session.get(Collection, cid).tenant_id  # type: ignore[no-any-return]
+
+
+SETTINGS = IngestSettings(
+    lease_s=0.5, backoff_base_s=0.01, backoff_max_s=0.05, poll_interval_s=0.01
+)
+
+
+def test_claim_takes_a_job_once_and_expired_leases_are_taken_over(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "alpha beta gamma")
+    first = jobs.claim(db, "w1", lease_s=0.3)
+    assert first is not None and first.id == job_id and first.attempt == 1
+    assert jobs.claim(db, "w2", lease_s=0.3) is None  # leased
+    time.sleep(0.4)
+    second = jobs.claim(db, "w2", lease_s=5)
+    assert second is not None and second.id == job_id and second.attempt == 2
+    # The first worker's lease is gone: it can write nothing.
+    with pytest.raises(LeaseLost):
+        jobs.complete(
+            db,
+            first,
+            text="x",
+            chunks=[],
+            vectors=np.zeros((0, 384), np.float32),
+            embedding_model=emb.model_id,
+        )
+    assert not jobs.renew(db, first, 5)
+    assert jobs.renew(db, second, 5)
+
+
+def test_pipeline_indexes_exactly_once_even_when_run_twice(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "word " * 500)
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    assert worker.run_once()
+    assert not worker.run_once()  # nothing left
+    with db.read() as s:
+        job = s.get(IngestJob, job_id)
+        assert job is not None and job.state == "done"
+        doc = s.get(Document, job.document_id)
+        n = s.scalar(select(func.count()).select_from(Chunk))
+    assert doc is not None and doc.status == "indexed" and doc.chunk_count == n and n > 1
+
+
+class FlakyEmbedder(HashEmbedder):
+    """Fails the first `failures` calls, then works: a stand-in for a transient fault."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("transient embedding fault")
+        return super().embed(texts)
+
+
+def test_transient_failures_are_retried_with_backoff(db: Database) -> None:
+    emb = FlakyEmbedder(failures=2)
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "retry me please")
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    stop = threading.Event()
+    thread = worker.start_thread(stop)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with db.read() as s:
+            job = s.get(IngestJob, job_id)
+            assert job is not None
+            if job.state in ("done", "failed"):
+                break
+        time.sleep(0.05)
+    stop.set()
+    thread.join()
+    assert job.state == "done" and job.attempts == 3
+
+
+def test_a_job_that_keeps_failing_ends_failed_with_its_reason(db: Database) -> None:
+    emb = FlakyEmbedder(failures=100)
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "never works", max_attempts=3)
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    for _ in range(50):
+        worker.run_once()
+        with db.read() as s:
+            job = s.get(IngestJob, job_id)
+            assert job is not None
+            if job.state == "failed":
+                break
+        time.sleep(0.03)
+    assert job.state == "failed" and job.attempts == 3
+    assert "transient embedding fault" in (job.error or "")
+    with db.read() as s:
+        doc = s.get(Document, job.document_id)
+        assert doc is not None and doc.status == "failed" and doc.error
+
+
+def test_a_job_whose_worker_always_dies_ends_failed(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "poison", max_attempts=2)
+    for _ in range(2):
+        assert jobs.claim(db, "doomed", lease_s=0.05) is not None
+        time.sleep(0.1)  # the worker "died": its lease runs out
+    assert jobs.claim(db, "next", lease_s=5) is None
+    with db.read() as s:
+        job = s.get(IngestJob, job_id)
+        assert job is not None and job.state == "failed" and "gave up" in (job.error or "")
+
+
+def test_wrong_embedding_model_fails_permanently(db: Database) -> None:
+    cid = _collection(db, HashEmbedder(384))
+    job_id = _upload(db, cid, "model mismatch")
+    other = HashEmbedder(128)
+    worker = Worker(db, Pipeline(db, other, SETTINGS), SETTINGS)
+    assert worker.run_once()
+    with db.read() as s:
+        job = s.get(IngestJob, job_id)
+        assert job is not None and job.state == "failed" and job.attempts == 1
+        assert "hash-384" in (job.error or "")

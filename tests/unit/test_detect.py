@@ -1,0 +1,141 @@
+"""Media type detection by magic bytes, spoofing refusal, and display-safe filenames."""
+
+from __future__ import annotations
+
+import io
+import random
+import zipfile
+
+import pytest
+
+from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, detect_media_type, safe_filename
+from rag.errors import Invalid, UnsupportedMediaType
+
+PDF_BYTES = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n"
+
+
+def _zip(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name in names:
+            archive.writestr(name, "<x/>")
+    return buf.getvalue()
+
+
+DOCX_BYTES = _zip(["[Content_Types].xml", "_rels/.rels", "word/document.xml"])
+
+
+@pytest.mark.parametrize(
+    ("data", "filename", "declared", "expected"),
+    [
+        (PDF_BYTES, None, None, PDF),
+        (PDF_BYTES, "report.PDF", "application/pdf", PDF),
+        (PDF_BYTES, "report.pdf", "application/octet-stream", PDF),
+        (DOCX_BYTES, None, None, DOCX),
+        (DOCX_BYTES, "memo.docx", DOCX, DOCX),
+        (b"just some words\n", None, None, TEXT),
+        (b"just some words\n", "notes.txt", "text/plain; charset=utf-8", TEXT),
+        (b"a,b\n1,2\n", "table.csv", "text/csv", TEXT),
+        (b"# Title\n\nSome *text* and a [link](http://x).\n", None, None, MARKDOWN),
+        (b"plain words", "readme.md", None, MARKDOWN),
+        (b"plain words", None, "text/x-markdown", MARKDOWN),
+        (b"<!DOCTYPE html><html><body><p>hi</p></body></html>", None, None, HTML),
+        (b"<p>fragment</p>", "page.htm", None, HTML),
+        (b"<p>fragment</p>", None, "text/html; charset=utf-8", HTML),
+        # The extension decides between text types: an HTML-looking .txt stays plain text.
+        (b"<html><body>x</body></html>", "snippet.txt", None, TEXT),
+        ("caf\u00e9 \u2013 na\u00efve".encode(), None, None, TEXT),
+        ("\ufeffwith a BOM".encode(), None, None, TEXT),
+        ("UTF-16 text".encode("utf-16"), "u16.txt", None, TEXT),
+        ("# UTF-16 md\n\n- item\n".encode("utf-16"), None, None, MARKDOWN),
+    ],
+)
+def test_detects_supported_types(
+    data: bytes, filename: str | None, declared: str | None, expected: str
+) -> None:
+    assert detect_media_type(data, filename, declared) == expected
+
+
+def test_empty_file_is_invalid() -> None:
+    with pytest.raises(Invalid, match="empty"):
+        detect_media_type(b"", "empty.txt", "text/plain")
+
+
+@pytest.mark.parametrize(
+    ("data", "filename", "declared", "message"),
+    [
+        (b"not a pdf at all", "invoice.pdf", None, "claims to be application/pdf"),
+        (b"not a pdf at all", None, "application/pdf", "claims to be application/pdf"),
+        (PDF_BYTES, "letter.docx", None, "claims to be application/vnd"),
+        (DOCX_BYTES, "paper.pdf", None, "content is a .docx"),
+        (_zip(["a.txt", "b.txt"]), "archive.docx", None, "zip archive that is not a .docx"),
+        (_zip(["a.txt"]), None, None, "zip archive that is not a .docx"),
+        (b"PK\x03\x04garbage", "x.docx", None, "damaged zip"),
+        (PDF_BYTES, "doc.txt", "text/plain", "content is a PDF"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "photo.txt", "text/plain", "PNG image"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, None, None, "PNG image"),
+        (b"\xff\xd8\xff\xe0" + b"\x00" * 64, "cat.jpg", "image/jpeg", "JPEG image"),
+        (b"\x7fELF\x02\x01\x01" + b"\x00" * 64, "tool", None, "ELF executable"),
+        (b"MZ\x90\x00" + b"\x00" * 64, "setup.exe", None, "Windows executable"),
+        (b"\x1f\x8b\x08\x00" + b"\x00" * 16, "data.gz", None, "gzip"),
+        (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 64, "old.doc", None, "OLE2"),
+        (b"text with a \x00 NUL byte", "n.txt", "text/plain", "binary"),
+        (b"\x01\x02\x03\x04 mostly controls \x05\x06\x07\x08", None, None, "binary"),
+        (b"\xc3\x28 invalid utf-8", "bad.txt", "text/plain", "neither UTF-8"),
+        (b"plain text", None, "image/png", "unsupported media type 'image/png'"),
+        (b"plain text", None, "application/zip", "unsupported media type"),
+    ],
+)
+def test_refuses_unknown_and_spoofed(
+    data: bytes, filename: str | None, declared: str | None, message: str
+) -> None:
+    with pytest.raises(UnsupportedMediaType, match=message):
+        detect_media_type(data, filename, declared)
+
+
+def test_refuses_zip_declaring_too_many_entries() -> None:
+    data = bytearray(DOCX_BYTES)
+    eocd = data.rfind(b"PK\x05\x06")
+    data[eocd + 10 : eocd + 12] = (60_000).to_bytes(2, "little")
+    with pytest.raises(UnsupportedMediaType, match="too many entries"):
+        detect_media_type(bytes(data), "big.docx", None)
+
+
+def test_refuses_random_binary() -> None:
+    rng = random.Random(7)
+    for _ in range(20):
+        junk = rng.randbytes(4096)
+        with pytest.raises(UnsupportedMediaType):
+            detect_media_type(junk, "blob.txt", "text/plain")
+        with pytest.raises(UnsupportedMediaType):
+            detect_media_type(junk, None, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (None, "unnamed"),
+        ("", "unnamed"),
+        ("report.pdf", "report.pdf"),
+        ("../../etc/passwd", "passwd"),
+        ("/abs/path/file.txt", "file.txt"),
+        ("C:\\Users\\me\\doc.docx", "doc.docx"),
+        ("..\\..\\boot.ini", "boot.ini"),
+        ("evil\x00name.txt", "evilname.txt"),
+        ("tab\tand\nnewline\r.md", "tabandnewline.md"),
+        ("right\u202eto-left.txt", "rightto-left.txt"),
+        ("..", "unnamed"),
+        ("../", "unnamed"),
+        ("  spaced.txt  ", "spaced.txt"),
+        ("caf\u00e9.txt", "caf\u00e9.txt"),
+    ],
+)
+def test_safe_filename(name: str | None, expected: str) -> None:
+    assert safe_filename(name) == expected
+
+
+def test_safe_filename_limits_length_and_keeps_extension() -> None:
+    name = safe_filename("a" * 5000 + ".pdf")
+    assert len(name) <= 200
+    assert name.endswith(".pdf")
+    assert "/" not in safe_filename("x/" * 3000)
