@@ -1,0 +1,81 @@
+"""Vector indexes: one small protocol, several backends, snapshots, and the manager that keeps
+one live index per collection caught up with SQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rag.errors import Invalid
+from rag.index.base import MAX_K, Hits, SearchParams, VectorIndex, read_meta
+
+__all__ = [
+    "KINDS",
+    "MAX_K",
+    "Hits",
+    "SearchParams",
+    "VectorIndex",
+    "build_index",
+    "default_kind_for",
+    "index_class",
+    "load_index",
+]
+
+# Collections at or above this size get an approximate index by default.
+EXACT_MAX = 10_000
+
+KINDS = (
+    "exact",
+    "hnsw",
+    "faiss_flat",
+    "faiss_ivf",
+    "faiss_ivf_sq8",
+    "faiss_hnsw",
+)
+
+
+def index_class(kind: str) -> type[VectorIndex]:
+    # Imported here so that asking for one backend does not load every library.
+    if kind == "exact":
+        from rag.index.exact import ExactIndex
+
+        return ExactIndex
+    if kind == "hnsw":
+        from rag.index.hnsw import HnswIndex
+
+        return HnswIndex
+    if kind in ("faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw"):
+        from rag.index import faiss_index as f
+
+        classes: dict[str, type[VectorIndex]] = {
+            "faiss_flat": f.FaissFlatIndex,
+            "faiss_ivf": f.FaissIVFIndex,
+            "faiss_ivf_sq8": f.FaissIVFSQ8Index,
+            "faiss_hnsw": f.FaissHNSWIndex,
+        }
+        return classes[kind]
+    raise Invalid(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def default_kind_for(n_vectors: int) -> str:
+    """Exact flat search is both exact and fast below ~10k vectors; HNSW above."""
+    return "faiss_flat" if n_vectors < EXACT_MAX else "hnsw"
+
+
+def build_index(kind: str, dim: int, params: dict[str, Any] | None = None) -> VectorIndex:
+    cls = index_class(kind)
+    try:
+        return cls(dim, **(params or {}))  # type: ignore[call-arg]
+    except TypeError as exc:
+        raise Invalid(f"bad parameters for a {kind} index: {exc}") from exc
+
+
+def load_index(path: Path) -> VectorIndex:
+    """Load an index saved by `VectorIndex.save`, whatever its kind."""
+    import json
+
+    from rag.index.base import META_FILE
+
+    kind = str(json.loads((path / META_FILE).read_text())["kind"])
+    read_meta(path, kind)
+    return index_class(kind).load(path)

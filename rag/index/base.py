@@ -1,0 +1,244 @@
+"""The seam every vector index backend sits behind.
+
+Vectors are L2-normalised float32 and the metric is inner product, so a score is a cosine.
+Labels are the integer chunk ids from SQL. Backends hide their quirks here: faiss pads missing
+results with -1, hnswlib raises when k exceeds what it can find; callers get neither.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from rag.errors import Invalid
+
+Ids = npt.NDArray[np.int64]
+Vectors = npt.NDArray[np.float32]
+# What a caller may pass as a filter: any collection of labels, or an int array of them.
+Allowed = Collection[int] | npt.NDArray[np.integer[Any]]
+
+# The largest k a single search may ask for; the API documents the same bound.
+MAX_K = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    """Per-query knobs. `None` means the index's own default for that knob."""
+
+    k: int = 10
+    ef_search: int | None = None  # HNSW: candidate list size, at least k
+    nprobe: int | None = None  # IVF: inverted lists scanned
+    exact: bool = False  # brute force over every live vector, whatever the kind
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= MAX_K:
+            raise Invalid(f"k must be between 1 and {MAX_K}, got {self.k}")
+        if self.ef_search is not None and self.ef_search < 1:
+            raise Invalid(f"ef_search must be positive, got {self.ef_search}")
+        if self.nprobe is not None and self.nprobe < 1:
+            raise Invalid(f"nprobe must be positive, got {self.nprobe}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hits:
+    """One query's results, best first. Never padded: len(hits) <= k."""
+
+    ids: Ids = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    scores: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        return zip(self.ids.tolist(), self.scores.tolist(), strict=True)
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    kind: str
+    dim: int
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Build parameters, as recorded in a snapshot manifest."""
+        ...
+
+    def add(self, ids: Ids, vectors: Vectors) -> None:
+        """Insert vectors under labels; re-adding a live label replaces its vector."""
+        ...
+
+    def remove(self, ids: Ids) -> int:
+        """Remove labels (unknown ones are ignored); returns how many were live."""
+        ...
+
+    def search(
+        self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
+    ) -> list[Hits]:
+        """Top-k per query row. `allowed` restricts results inside the search."""
+        ...
+
+    def ids(self) -> Ids:
+        """Every live label."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def save(self, path: Path) -> None:
+        """Write the index into the (existing, empty) directory `path`."""
+        ...
+
+    @classmethod
+    def load(cls, path: Path) -> VectorIndex: ...
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def as_ids(ids: Any) -> Ids:
+    arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+    return arr
+
+
+def as_vectors(vectors: Any, dim: int) -> Vectors:
+    arr = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise Invalid(f"expected vectors of shape [n, {dim}], got {tuple(arr.shape)}")
+    return arr
+
+
+def check_add(ids: Any, vectors: Any, dim: int) -> tuple[Ids, Vectors]:
+    """Validate an add batch; a label repeated within the batch keeps its last vector."""
+    ids_arr = as_ids(ids)
+    vec_arr = as_vectors(vectors, dim) if len(ids_arr) else np.zeros((0, dim), np.float32)
+    if vec_arr.shape[0] != ids_arr.shape[0]:
+        raise Invalid(f"{len(ids_arr)} ids for {vec_arr.shape[0]} vectors")
+    if len(ids_arr) and (ids_arr < 0).any():
+        raise Invalid("labels must be non-negative")
+    if len(np.unique(ids_arr)) != len(ids_arr):
+        # Keep the last occurrence of each label, in the original order.
+        _, last_rev = np.unique(ids_arr[::-1], return_index=True)
+        keep = np.sort(len(ids_arr) - 1 - last_rev)
+        ids_arr, vec_arr = ids_arr[keep], vec_arr[keep]
+    return ids_arr, vec_arr
+
+
+def allowed_array(allowed: Allowed) -> Ids:
+    if isinstance(allowed, np.ndarray):
+        return np.unique(allowed.astype(np.int64, copy=False))
+    return np.unique(np.fromiter((int(a) for a in allowed), dtype=np.int64, count=len(allowed)))
+
+
+def top_k(
+    scores: npt.NDArray[np.float32], labels: Ids, k: int
+) -> tuple[npt.NDArray[np.float32], Ids]:
+    """Best k of one row of scores, sorted descending (ties by label for determinism)."""
+    n = scores.shape[0]
+    if n == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.int64)
+    part = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    order = np.lexsort((labels[part], -scores[part]))
+    sel = part[order]
+    return scores[sel].astype(np.float32, copy=False), labels[sel]
+
+
+def brute_force(queries: Vectors, vectors: Vectors, labels: Ids, k: int) -> list[Hits]:
+    """Exact inner-product top-k of every query over (labels, vectors)."""
+    if len(labels) == 0:
+        return [Hits() for _ in range(len(queries))]
+    sims = queries @ vectors.T  # [n_queries, n_vectors]
+    out = []
+    for row in sims:
+        s, i = top_k(row, labels, k)
+        out.append(Hits(i, s))
+    return out
+
+
+def merge_hits(parts: list[list[Hits]], k: int) -> list[Hits]:
+    """Merge per-block results (same queries) into one top-k per query."""
+    merged = []
+    for per_query in zip(*parts, strict=True):
+        ids = np.concatenate([h.ids for h in per_query])
+        scores = np.concatenate([h.scores for h in per_query])
+        s, i = top_k(scores, ids, k)
+        merged.append(Hits(i, s))
+    return merged
+
+
+def unpad(scores: npt.NDArray[np.float32], labels: npt.NDArray[np.int64]) -> list[Hits]:
+    """faiss and friends mark a missing result with label -1; drop those."""
+    out = []
+    for s_row, l_row in zip(scores, labels, strict=True):
+        keep = l_row >= 0
+        out.append(
+            Hits(
+                np.ascontiguousarray(l_row[keep], dtype=np.int64),
+                np.ascontiguousarray(s_row[keep], dtype=np.float32),
+            )
+        )
+    return out
+
+
+class RWLock:
+    """Many readers or one writer. Writers are preferred so a steady stream of searches
+    cannot starve catch-up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1
+
+
+def write_meta(path: Path, kind: str, dim: int, params: dict[str, Any], **extra: Any) -> None:
+    meta = {"format": FORMAT_VERSION, "kind": kind, "dim": dim, "params": params, **extra}
+    (path / META_FILE).write_text(json.dumps(meta, sort_keys=True))
+
+
+def read_meta(path: Path, kind: str) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / META_FILE).read_text())
+    if meta.get("format") != FORMAT_VERSION or meta.get("kind") != kind:
+        raise Invalid(f"{path} holds a {meta.get('kind')!r} index, format {meta.get('format')}")
+    return meta

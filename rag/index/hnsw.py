@@ -1,0 +1,205 @@
+"""hnswlib's HNSW graph.
+
+hnswlib quirks hidden here: it is not safe for concurrent add and search (a readers-writer lock
+guards it), `set_ef` is index-wide state (a search that needs another ef takes the write side),
+and `knn_query` raises when it cannot find k results, which happens when k exceeds the live
+count, after deletes, or under a tight filter.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hnswlib
+import numpy as np
+
+from rag.index.base import (
+    Allowed,
+    Hits,
+    Ids,
+    RWLock,
+    SearchParams,
+    Vectors,
+    allowed_array,
+    as_ids,
+    as_vectors,
+    brute_force,
+    check_add,
+    merge_hits,
+    read_meta,
+    write_meta,
+)
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "hnsw.bin"
+LABELS_FILE = "labels.npy"
+# Below this many allowed labels a filtered search is brute force over their vectors: exact,
+# and cheaper than walking a graph whose nodes are mostly filtered out.
+BRUTE_FORCE_MAX = 2048
+_BLOCK = 8192
+
+
+class HnswIndex:
+    kind = "hnsw"
+    brute_force_max = BRUTE_FORCE_MAX
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        m: int = 16,
+        ef_construction: int = 200,
+        ef_search: int = 64,
+        initial_capacity: int = 1024,
+        seed: int = 100,
+    ) -> None:
+        self.dim = dim
+        self.m = m
+        self.ef_construction = ef_construction
+        self.ef_search = ef_search
+        self.seed = seed
+        self._index = hnswlib.Index(space="ip", dim=dim)
+        self._index.init_index(
+            max_elements=max(initial_capacity, 16),
+            ef_construction=ef_construction,
+            M=m,
+            random_seed=seed,
+        )
+        self._index.set_ef(ef_search)
+        self._ef = ef_search
+        # hnswlib keeps deleted labels in its lookup table, so the live set is tracked here.
+        self._live: set[int] = set()
+        self._lock = RWLock()
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {
+            "m": self.m,
+            "ef_construction": self.ef_construction,
+            "ef_search": self.ef_search,
+            "seed": self.seed,
+        }
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def deleted_count(self) -> int:
+        """Slots held by deleted labels, reclaimed only by a rebuild."""
+        return int(self._index.get_current_count()) - len(self._live)
+
+    def ids(self) -> Ids:
+        with self._lock.read():
+            return np.fromiter(self._live, dtype=np.int64, count=len(self._live))
+
+    def add(self, ids: Ids, vectors: Vectors) -> None:
+        ids, vectors = check_add(ids, vectors, self.dim)
+        if not len(ids):
+            return
+        with self._lock.write():
+            needed = int(self._index.get_current_count()) + len(ids)
+            capacity = int(self._index.get_max_elements())
+            if needed > capacity:
+                self._index.resize_index(max(needed, 2 * capacity))
+            # An existing label (live or deleted) is updated in place and un-deleted.
+            threads = -1 if len(ids) >= 1000 else 1  # big builds use every core
+            self._index.add_items(vectors, ids, num_threads=threads)
+            self._live.update(ids.tolist())
+
+    def remove(self, ids: Ids) -> int:
+        removed = 0
+        with self._lock.write():
+            for label in as_ids(ids).tolist():
+                if label in self._live:
+                    self._index.mark_deleted(label)
+                    self._live.discard(label)
+                    removed += 1
+        return removed
+
+    def search(
+        self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
+    ) -> list[Hits]:
+        queries = as_vectors(queries, self.dim)
+        ef = max(params.ef_search or self.ef_search, params.k)
+        labels = None if allowed is None else allowed_array(allowed)
+        with self._lock.read():
+            if self._ef == ef or not self._needs_graph(params, labels):
+                return self._search_locked(queries, params, ef, labels)
+        # Another ef than the index's current one: set_ef is index-wide state.
+        with self._lock.write():
+            self._index.set_ef(ef)
+            self._ef = ef
+            return self._search_locked(queries, params, ef, labels)
+
+    def _needs_graph(self, params: SearchParams, labels: Ids | None) -> bool:
+        if params.exact:
+            return False
+        limit = len(self._live) if labels is None else len(labels)
+        return params.k < limit and (labels is None or limit > self.brute_force_max)
+
+    def _search_locked(
+        self, queries: Vectors, params: SearchParams, ef: int, labels: Ids | None
+    ) -> list[Hits]:
+        if params.exact:
+            return self._brute_force(queries, None, params.k)
+        allowed_set: set[int] | None = None
+        limit = len(self._live)
+        if labels is not None:
+            allowed_set = {x for x in labels.tolist() if x in self._live}
+            limit = len(allowed_set)
+            if limit <= self.brute_force_max:
+                return self._brute_force(queries, allowed_set, params.k)
+        k = min(params.k, limit)
+        if k == 0:
+            return [Hits() for _ in range(len(queries))]
+        if k >= limit:
+            # Everything it holds was asked for: a scan cannot miss any of it.
+            return self._brute_force(queries, allowed_set, k)
+        return self._query(queries, k, ef, allowed_set)
+
+    def _query(self, queries: Vectors, k: int, ef: int, allowed: set[int] | None) -> list[Hits]:
+        filter_fn = allowed.__contains__ if allowed is not None else None
+        try:
+            labels, dists = self._index.knn_query(queries, k=k, num_threads=1, filter=filter_fn)
+        except RuntimeError:
+            # Fewer than k reachable (deletes cut the graph, or a filter): per query, fall
+            # back to an exact scan rather than returning less than the index holds.
+            log.debug("hnswlib could not return %d results at ef %d; scanning", k, ef)
+            return self._brute_force(queries, allowed, k)
+        # hnswlib's "ip" distance is 1 - dot.
+        return [
+            Hits(row.astype(np.int64), (1.0 - d).astype(np.float32))
+            for row, d in zip(labels, dists, strict=True)
+        ]
+
+    def _brute_force(self, queries: Vectors, allowed: set[int] | None, k: int) -> list[Hits]:
+        pool = allowed if allowed is not None else self._live
+        labels = np.fromiter(pool, dtype=np.int64, count=len(pool))
+        parts = []
+        for start in range(0, len(labels), _BLOCK):
+            block = labels[start : start + _BLOCK]
+            vectors = np.asarray(self._index.get_items(block, return_type="numpy"), np.float32)
+            parts.append(brute_force(queries, vectors, block, k))
+        if not parts:
+            return [Hits() for _ in range(len(queries))]
+        return parts[0] if len(parts) == 1 else merge_hits(parts, k)
+
+    def save(self, path: Path) -> None:
+        with self._lock.read():
+            self._index.save_index(str(path / INDEX_FILE))
+            live = np.fromiter(self._live, dtype=np.int64, count=len(self._live))
+            np.save(path / LABELS_FILE, np.sort(live))
+            write_meta(path, self.kind, self.dim, self.params, count=len(live))
+
+    @classmethod
+    def load(cls, path: Path) -> HnswIndex:
+        meta = read_meta(path, cls.kind)
+        index = cls(int(meta["dim"]), **meta["params"])
+        index._index.load_index(str(path / INDEX_FILE))
+        index._index.set_ef(index.ef_search)
+        live = np.load(path / LABELS_FILE, allow_pickle=False)
+        index._live = set(live.tolist())
+        return index
