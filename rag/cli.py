@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("generate", "bench-engine"):
+        args.settings = _settings()
     return int(args.func(args) or 0)
 
 

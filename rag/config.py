@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag.engine.config import EngineSettings
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -57,6 +59,23 @@ class IngestSettings(_Section):
         return int(self.max_upload_mb * 1024 * 1024)
 
 
+class IndexSettings(_Section):
+    # How often the background thread catches every open index up with the change log.
+    catch_up_interval_s: float = Field(0.5, gt=0)
+    # Write a new snapshot generation after this many changes.
+    snapshot_every: int = Field(10_000, ge=1)
+    keep_generations: int = Field(2, ge=1)
+
+
+class SearchSettings(_Section):
+    default_k: int = Field(10, ge=1)
+    # The documented maximum k of one search.
+    max_k: int = Field(200, ge=1, le=1000)
+    max_query_chars: int = Field(4000, ge=1)
+    # The budget when neither the request nor the collection sets one (None: no budget).
+    default_budget_ms: float | None = Field(None, gt=0)
+
+
 class AuthSettings(_Section):
     # When unset, an admin key is generated on first start and printed once.
     admin_key: SecretStr | None = None
@@ -78,6 +97,9 @@ class Settings(BaseSettings):
     database: DatabaseSettings = DatabaseSettings()
     embed: EmbedSettings = EmbedSettings()
     ingest: IngestSettings = IngestSettings()
+    index: IndexSettings = IndexSettings()
+    search: SearchSettings = SearchSettings()
+    engine: EngineSettings = EngineSettings()
     auth: AuthSettings = AuthSettings()
     api: ApiSettings = ApiSettings()
     log_level: str = "INFO"

@@ -11,6 +11,8 @@ from rag.config import Settings
 from rag.db import Database
 from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
+from rag.index.manager import IndexManager
+from rag.retrieve import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +22,14 @@ class Services:
     settings: Settings
     db: Database
     embedder: Embedder
+    indexes: IndexManager
+    retriever: Retriever
     workers: list = field(default_factory=list)  # ingest.worker.Worker
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
+        self.indexes.start(self.settings.index.catch_up_interval_s)
         for worker in self.workers:
             self._threads.append(worker.start_thread(self.stop))
 
@@ -38,6 +43,7 @@ class Services:
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads.clear()
+        self.indexes.close()
         self.db.dispose()
 
 
@@ -57,7 +63,18 @@ def build_services(
         # Printed once, to the terminal only (never to the log).
         print(f"\nGenerated admin API key (shown once, store it now): {generated}\n", flush=True)
     embedder = embedder or build_embedder(settings.embed)
-    services = Services(settings=settings, db=db, embedder=embedder)
+    indexes = IndexManager(
+        db,
+        settings.data_dir,
+        embedder.model_id,
+        embedder.dim,
+        snapshot_every=settings.index.snapshot_every,
+        keep_generations=settings.index.keep_generations,
+    )
+    retriever = Retriever(db, embedder, indexes, settings.search)
+    services = Services(
+        settings=settings, db=db, embedder=embedder, indexes=indexes, retriever=retriever
+    )
     run_worker = (
         settings.ingest.in_process_worker if in_process_worker is None else (in_process_worker)
     )

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from rag import __version__
 from rag.api import errors
 from rag.api.limits import BodyLimit
-from rag.api.routes import collections, documents, health, jobs, keys
+from rag.api.routes import collections, documents, health, jobs, keys, search
 from rag.config import Settings
 from rag.services import Services, build_services
 
@@ -39,6 +39,6 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         app.state.services = services
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
-    for module in (health, keys, collections, documents, jobs):
+    for module in (health, keys, collections, documents, jobs, search):
         app.include_router(module.router)
     return app

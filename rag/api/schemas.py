@@ -264,3 +264,73 @@ class KeyInfo(BaseModel):
 class Health(BaseModel):
     status: str
     version: str
+
+
+# ---------------------------------------------------------------- search
+
+
+class SearchFilter(Request):
+    document_ids: list[str] | None = Field(None, max_length=10_000)
+    metadata: dict[str, str | int | float | bool] | None = Field(
+        None, description="documents whose metadata has all these key/values"
+    )
+
+
+class SearchIn(Request):
+    query: str = Field(min_length=1, max_length=4000)
+    k: int | None = Field(
+        None, ge=1, le=1000, description="passages to return (max 200 by default)"
+    )
+    ef_search: int | None = Field(None, ge=1, le=10_000, description="HNSW candidate list; >= k")
+    nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists to scan")
+    exact: bool | None = Field(None, description="brute force over every vector")
+    hybrid: float | None = Field(None, ge=0, le=1, description="keyword (BM25) weight in RRF")
+    budget_ms: float | None = Field(None, gt=0, le=600_000, description="latency budget")
+    filter: SearchFilter | None = None
+
+
+class PassageOut(BaseModel):
+    chunk_id: int
+    document_id: str
+    filename: str
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    score: float
+    dense_score: float | None
+    keyword_score: float | None
+    metadata: dict[str, Any]
+
+
+class IndexInfo(BaseModel):
+    kind: str
+    count: int
+    watermark: int
+    building: bool
+    stale: bool
+
+
+class SearchOut(BaseModel):
+    passages: list[PassageOut]
+    knobs: dict[str, Any] = Field(description="the knobs actually used")
+    timings_ms: dict[str, float]
+    degraded: bool
+    degradations: list[str]
+    over_budget: bool = Field(description="the search took longer than its budget")
+    partial: bool = Field(description="the index is still building: results cover what is indexed")
+    index: IndexInfo
+
+
+class RebuildIn(Request):
+    kind: IndexKind | None = None
+    params: dict[str, int | float | str | bool] | None = None
+
+
+class SearchDefaultsIn(Request):
+    k: int | None = Field(None, ge=1, le=1000)
+    ef_search: int | None = Field(None, ge=1, le=10_000)
+    nprobe: int | None = Field(None, ge=1, le=65_536)
+    exact: bool | None = None
+    hybrid: float | None = Field(None, ge=0, le=1)
+    budget_ms: float | None = Field(None, gt=0, le=600_000)

@@ -85,6 +85,8 @@ class Collection(Base):
     index_kind: Mapped[str] = mapped_column(String(40), default="auto")
     index_params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     search_defaults: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The last `rag tune` measurements (the recall/latency curve), for the console.
+    tuning: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

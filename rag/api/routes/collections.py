@@ -3,8 +3,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
-from rag.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from rag.api.schemas import (
+    CollectionCreate,
+    CollectionList,
+    CollectionOut,
+    IndexInfo,
+    RebuildIn,
+    SearchDefaultsIn,
+)
 from rag.db import repo
+from rag.index import build_index
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 
@@ -18,6 +26,9 @@ def create_collection(
     tokens = min(tokens, services.embedder.max_tokens)
     overlap = body.chunking.overlap if body.chunking.overlap is not None else ingest.chunk_overlap
     overlap = min(overlap, tokens // 2)
+    if body.index.kind != "auto":
+        # Refuse unknown build parameters now, not at the first search.
+        build_index(body.index.kind, services.embedder.dim, dict(body.index.params))
     with services.db.write() as session:
         c = repo.create_collection(
             session,
@@ -65,3 +76,46 @@ def delete_collection(
     with services.db.write() as session:
         repo.delete_collection(session, principal.tenant_id, collection_id)
     return Response(status_code=204)
+
+
+@router.put("/{collection_id}/search-defaults", response_model=CollectionOut)
+def set_search_defaults(
+    collection_id: str,
+    body: SearchDefaultsIn,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+) -> CollectionOut:
+    """The knobs a search uses when the request leaves them out (`rag tune --apply` sets
+    these from measurements)."""
+    with services.db.write() as session:
+        c = repo.get_collection(session, principal.tenant_id, collection_id, lock=True)
+        c.search_defaults = body.model_dump(exclude_none=True)
+        return CollectionOut.of(c)
+
+
+@router.post("/{collection_id}/index/rebuild", status_code=202, response_model=IndexInfo)
+def rebuild_index(
+    collection_id: str, body: RebuildIn, services: ServicesDep, principal: CurrentPrincipal
+) -> IndexInfo:
+    """Rebuild the collection's index from SQL, optionally into another kind, in the
+    background; searches keep using the old one until the new one is swapped in."""
+    with services.db.write() as session:
+        c = repo.get_collection(session, principal.tenant_id, collection_id, lock=True)
+        kind = body.kind or c.index_kind
+        params = (
+            body.params
+            if body.params is not None
+            else (c.index_params if kind == c.index_kind else {})
+        )
+        if kind != "auto":
+            build_index(kind, services.embedder.dim, dict(params))
+        c.index_kind, c.index_params = kind, dict(params)
+    services.indexes.rebuild(collection_id, None if kind == "auto" else kind, dict(params))
+    state = services.indexes.state(collection_id)
+    return IndexInfo(
+        kind=state.kind,
+        count=state.count,
+        watermark=state.watermark,
+        building=state.building,
+        stale=state.stale,
+    )

@@ -1,0 +1,53 @@
+"""Settings of the generator engine (no torch here: the app's Settings imports this)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineSettings(BaseModel):
+    """How the generator runs: a local paged-KV engine or a remote OpenAI-compatible server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local", "remote"] = "local"
+
+    # Local backend.
+    model_path: str | None = Field(
+        default=None,
+        description="None = the bundled SmolLM2-135M-Instruct GGUF; else a GGUF file or a "
+        "Hugging Face safetensors folder (Llama family).",
+    )
+    cache_dir: str | None = Field(
+        default=None, description="Converted-weights cache; None = ~/.cache/ragserve/engine."
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto = float32 on CPU, bfloat16 on CUDA."
+    )
+    threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
+    block_size: int = Field(default=16, ge=1, le=1024)
+    num_kv_blocks: int | None = Field(
+        default=None, ge=2, description="None = sized from kv_cache_mb."
+    )
+    kv_cache_mb: int = Field(default=1024, ge=1)
+    max_num_seqs: int = Field(default=32, ge=1, description="Cap on running sequences.")
+    max_num_batched_tokens: int = Field(
+        default=512, ge=1, description="Token budget of one step (prefill chunks + decodes)."
+    )
+    max_waiting: int = Field(
+        default=256, ge=0, description="Bounded waiting queue; beyond it submit() refuses."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
+    )
+    enable_prefix_caching: bool = True
+
+    # Remote backend (an OpenAI-compatible server such as vLLM).
+    remote_url: str | None = Field(default=None, description="e.g. http://vllm:8000/v1")
+    remote_model: str | None = None
+    remote_api_key: str | None = Field(default=None, repr=False)
+    remote_timeout_s: float = Field(default=120.0, gt=0)
+    remote_max_concurrency: int = Field(default=64, ge=1)

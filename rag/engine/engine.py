@@ -1,0 +1,367 @@
+"""The engine's front end: asyncio streams in, one step loop in its own thread.
+
+submit() validates and tokenizes in the caller's thread, then hands the sequence to the step
+loop, which runs schedule -> forward -> postprocess and sends token events back to each
+request's asyncio queue. Nothing here imports torch; build_engine() does, lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rag.engine.blocks import BlockManager
+from rag.engine.config import EngineSettings
+from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from rag.engine.sequence import (
+    EngineError,
+    EngineOverloaded,
+    FinishReason,
+    InvalidRequest,
+    SamplingParams,
+    Sequence,
+    TokenEvent,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from rag.engine.remote import RemoteEngine
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[dict[str, str]]
+
+
+class Tokenizer(Protocol):
+    def encode_prompt(self, prompt: Prompt) -> list[int]: ...
+    def decode(self, token_ids: Seq[int]) -> str: ...
+
+
+class Runner(Protocol):
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+class GenerationBackend(Protocol):
+    """What the rest of ragserve needs from a generator (local engine or remote server)."""
+
+    def submit(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[TokenEvent]: ...
+    def cancel(self, request_id: str) -> None: ...
+    def metrics(self) -> EngineMetrics: ...
+    def close(self) -> None: ...
+
+
+class HFTokenizer:
+    """Adapter over a transformers tokenizer: raw text or chat messages in, ids out."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tok(prompt).input_ids)
+        if not self.tok.chat_template:
+            raise InvalidRequest("this model has no chat template; send a plain prompt")
+        text = self.tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return list(self.tok(text, add_special_tokens=False).input_ids)
+
+    def decode(self, token_ids: Seq[int]) -> str:
+        return str(self.tok.decode(list(token_ids), skip_special_tokens=True))
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_blocks_total: int
+    prefix_cache_hit_rate: float
+    preemptions: int
+    steps: int
+    tokens_per_step: float  # mean scheduled tokens per step
+    generated_tokens: int
+
+
+_END = object()
+
+
+class RequestStream:
+    """Async iterator of one request's TokenEvents. Closing it early cancels the request."""
+
+    def __init__(self, engine: Engine, request_id: str):
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine.cancel(self.request_id)
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    stream: RequestStream
+    loop: asyncio.AbstractEventLoop
+    text: str = ""  # detokenized output so far (truncated at a stop string)
+    sent: int = 0  # chars of text already sent
+    prefix_offset: int = 0
+    read_offset: int = 0
+    pending_ids: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching generator over a paged KV cache."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        tokenizer: Tokenizer,
+        scheduler_config: SchedulerConfig,
+        block_manager: BlockManager,
+        eos_token_ids: tuple[int, ...] = (),
+        max_waiting: int = 256,
+    ):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = scheduler_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.block_manager = block_manager
+        self.scheduler = Scheduler(scheduler_config, block_manager)
+        self.eos_token_ids = eos_token_ids
+        self.max_waiting = max_waiting
+        self._cv = threading.Condition()
+        self._inbox: deque[_Request] = deque()
+        self._aborts: list[str] = []
+        self._requests: dict[str, _Request] = {}
+        self._waiting_snapshot = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._generated = 0
+
+    # ----- public API
+    def submit(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> RequestStream:
+        """Queue a request; iterate the result for its events. Call from a running event loop.
+
+        Raises InvalidRequest (bad parameters, prompt too long) or EngineOverloaded (queue
+        full) before any work is done.
+        """
+        params = params or SamplingParams()
+        params.validate(self.max_model_len)
+        if isinstance(prompt, str) and not prompt:
+            raise InvalidRequest("empty prompt")
+        token_ids = self.tokenizer.encode_prompt(prompt)
+        if not token_ids:
+            raise InvalidRequest("prompt has no tokens")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequest(
+                f"prompt has {len(token_ids)} tokens; the context holds {self.max_model_len}"
+            )
+        loop = asyncio.get_running_loop()
+        request_id = request_id or uuid.uuid4().hex
+        seq = Sequence(request_id, token_ids, params, self.max_model_len, self.eos_token_ids)
+        stream = RequestStream(self, request_id)
+        with self._cv:
+            if self._stopping:
+                raise EngineError("engine is closed")
+            if request_id in self._requests:
+                raise InvalidRequest(f"duplicate request id {request_id!r}")
+            if len(self._inbox) + self._waiting_snapshot >= self.max_waiting:
+                raise EngineOverloaded(f"{self.max_waiting} requests already waiting")
+            req = _Request(seq, stream, loop)
+            req.prefix_offset = req.read_offset = 0
+            self._requests[request_id] = req
+            self._inbox.append(req)
+            self._ensure_thread()
+            self._cv.notify()
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request; its blocks are freed at the next step boundary (milliseconds)."""
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    def metrics(self) -> EngineMetrics:
+        s, bm = self.scheduler, self.block_manager
+        return EngineMetrics(
+            running=len(s.running),
+            waiting=len(s.waiting) + len(self._inbox),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            kv_blocks_total=bm.num_blocks,
+            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            preemptions=s.num_preemptions,
+            steps=s.num_steps,
+            tokens_per_step=s.num_scheduled_tokens / s.num_steps if s.num_steps else 0.0,
+            generated_tokens=self._generated,
+        )
+
+    def close(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> str:
+        """Convenience: the whole completion as one string."""
+        return "".join([ev.text async for ev in self.submit(prompt, params)])
+
+    # ----- step loop (its own thread)
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._inbox or self._aborts or self.scheduler.has_work):
+                    if self._stopping:
+                        break
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                new = list(self._inbox)
+                self._inbox.clear()
+                aborts, self._aborts = self._aborts, []
+            outbox: list[tuple[_Request, Any]] = []
+            for req in new:
+                try:
+                    self.scheduler.add(req.seq)
+                except ValueError as exc:  # cannot fit the KV cache at all
+                    self._requests.pop(req.seq.request_id, None)
+                    outbox.append((req, InvalidRequest(str(exc))))
+            for request_id in aborts:
+                aborted = self._requests.get(request_id)
+                if aborted is not None and self.scheduler.abort(request_id):
+                    outbox.append((aborted, self._final(aborted, FinishReason.CANCELLED)))
+            if self.scheduler.has_work:
+                try:
+                    outbox += self._step()
+                except Exception as exc:  # a bug or OOM: fail everyone, keep the loop alive
+                    logger.exception("engine step failed")
+                    outbox += self._fail_all(exc)
+            with self._cv:
+                self._waiting_snapshot = len(self.scheduler.waiting)
+            self._deliver(outbox)
+        self._deliver(self._fail_all(EngineError("engine closed")))
+
+    def _step(self) -> list[tuple[_Request, Any]]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            time.sleep(0.001)  # nothing fits right now; should not happen with sane sizes
+            return []
+        result = self.runner.execute(out)
+        outbox: list[tuple[_Request, Any]] = []
+        for r in self.scheduler.postprocess(out, result):
+            req = self._requests[r.seq.request_id]
+            self._generated += 1
+            ev = self._on_token(req, r.new_token_id, r.finish_reason)
+            if ev is not None:
+                outbox.append((req, ev))
+        return outbox
+
+    def _on_token(
+        self, req: _Request, token_id: int | None, reason: FinishReason | None
+    ) -> TokenEvent | None:
+        seq = req.seq
+        ids = seq.output_token_ids
+        if token_id is not None:
+            req.pending_ids.append(token_id)
+        # Incremental detokenization that waits out incomplete UTF-8 sequences.
+        prefix = self.tokenizer.decode(ids[req.prefix_offset : req.read_offset])
+        full = self.tokenizer.decode(ids[req.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            req.text += full[len(prefix) :]
+            req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        stops = seq.params.stop
+        if stops and reason is None:
+            hit = min((i for i in (req.text.find(s) for s in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                req.text = req.text[:hit]
+                reason = FinishReason.STOP
+                self.scheduler.finish(seq, reason)
+        if reason is not None:
+            return self._final(req, reason)
+        hold = max((len(s) for s in stops), default=1) - 1  # could be the start of a stop
+        end = max(req.sent, len(req.text) - hold)
+        if end == req.sent:
+            return None
+        ev = TokenEvent(seq.request_id, req.text[req.sent : end], tuple(req.pending_ids))
+        req.sent = end
+        req.pending_ids = []
+        return ev
+
+    def _final(self, req: _Request, reason: FinishReason) -> TokenEvent:
+        seq = req.seq
+        self._requests.pop(seq.request_id, None)
+        usage = Usage(seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+        ev = TokenEvent(seq.request_id, req.text[req.sent :], tuple(req.pending_ids), reason, usage)
+        req.sent = len(req.text)
+        req.pending_ids = []
+        return ev
+
+    def _fail_all(self, exc: BaseException) -> list[tuple[_Request, Any]]:
+        outbox: list[tuple[_Request, Any]] = []
+        for request_id, req in list(self._requests.items()):
+            self.scheduler.abort(request_id, FinishReason.ERROR)
+            outbox.append((req, EngineError(f"generation failed: {exc}")))
+        self._requests.clear()
+        return outbox
+
+    @staticmethod
+    def _deliver(outbox: list[tuple[_Request, Any]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Any]]] = {}
+        for req, item in outbox:
+            by_loop.setdefault(req.loop, []).append((req, item))
+        for loop, items in by_loop.items():
+            # A closed loop (RuntimeError) means nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[_Request, Any]]) -> None:
+    for req, item in items:
+        req.stream._queue.put_nowait(item)
+
+
+def build_engine(settings: EngineSettings) -> Engine | RemoteEngine:
+    """The composition root of the generator: a local engine or a remote client."""
+    if settings.backend == "remote":
+        from rag.engine.remote import RemoteEngine
+
+        return RemoteEngine(settings)
+    from rag.engine.runner import build_local_engine
+
+    return build_local_engine(settings)

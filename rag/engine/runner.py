@@ -1,0 +1,189 @@
+"""Model runner: turns a SchedulerOutput into one forward pass and sampled tokens."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from rag.engine.blocks import BlockManager
+from rag.engine.config import EngineSettings
+from rag.engine.model import AttentionMetadata, LlamaModel
+from rag.engine.sampler import Sampler
+from rag.engine.scheduler import (
+    ModelRunnerOutput,
+    ScheduledChunk,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+
+if TYPE_CHECKING:
+    from rag.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_blocks: int
+    block_size: int
+
+
+def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
+    cfg = model.cfg
+    elem = torch.empty((), dtype=dtype).element_size()
+    return cfg.num_layers * 2 * cfg.num_kv_heads * block_size * cfg.head_dim * elem
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensor and the sampler. The only place tensors are built."""
+
+    def __init__(self, model: LlamaModel, spec: KVCacheSpec, device: torch.device):
+        self.model = model
+        self.device = device
+        self.block_size = spec.block_size
+        cfg = model.cfg
+        dtype = model.embed_tokens.weight.dtype
+        # kv_caches: [num_layers, 2, Hkv, NB, BS, D]
+        self.kv_caches = torch.zeros(
+            cfg.num_layers, 2, cfg.num_kv_heads, spec.num_blocks, spec.block_size,
+            cfg.head_dim, dtype=dtype, device=device,
+        )  # fmt: skip
+        self.sampler = Sampler(device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in out.finished:
+            self.sampler.forget(request_id)
+        if not out.chunks:
+            return ModelRunnerOutput(sampled={})
+        # Single-token chunks first: they share one batched attention call.
+        decodes = [c for c in out.chunks if len(c.token_ids) == 1]
+        prefills = [c for c in out.chunks if len(c.token_ids) > 1]
+        chunks = decodes + prefills
+        input_ids, positions, meta, sample_rows = self._prepare(decodes, prefills)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, E]
+        sampling = [chunks[i] for i in sample_rows]
+        if not sampling:
+            return ModelRunnerOutput(sampled={})
+        last_index = self._last_token_index(chunks)
+        rows = torch.tensor([last_index[i] for i in sample_rows], device=self.device)
+        logits = self.model.compute_logits(hidden[rows])  # [S, V]
+        tokens = self.sampler(
+            logits, [c.request_id for c in sampling], [c.params for c in sampling]
+        )
+        return ModelRunnerOutput(
+            sampled={c.request_id: t for c, t in zip(sampling, tokens, strict=True)}
+        )
+
+    @staticmethod
+    def _last_token_index(chunks: list[ScheduledChunk]) -> list[int]:
+        idx, pos = [], 0
+        for c in chunks:
+            pos += len(c.token_ids)
+            idx.append(pos - 1)
+        return idx
+
+    def _prepare(
+        self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        for row, c in enumerate(decodes + prefills):
+            n = len(c.token_ids)
+            ids.extend(c.token_ids)
+            p = range(c.start_pos, c.start_pos + n)
+            pos.extend(p)
+            table = c.block_table
+            slots.extend(table[i // bs] * bs + i % bs for i in p)
+            if c.sample:
+                sample_rows.append(row)
+        dev = self.device
+
+        def t(x: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        decode_tables = decode_mask = None
+        if decodes:
+            max_blocks = max(len(c.block_table) for c in decodes)
+            decode_tables = t(
+                [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in decodes]
+            )  # [B, MB]
+            ctx = t([c.start_pos + 1 for c in decodes])  # [B]
+            arange = torch.arange(max_blocks * bs, device=dev)
+            decode_mask = (arange[None, :] < ctx[:, None])[:, None, None, :]  # [B,1,1,L]
+        meta_prefills = []
+        masks: list[torch.Tensor | None] = []
+        q_start = len(decodes)
+        for c in prefills:
+            n = len(c.token_ids)
+            nblocks = -(-(c.start_pos + n) // bs)
+            meta_prefills.append((q_start, n, c.start_pos, t(c.block_table[:nblocks])))
+            if c.start_pos == 0:
+                masks.append(None)
+            else:
+                ctx_len = c.start_pos + n
+                q_pos = torch.arange(c.start_pos, ctx_len, device=dev)
+                masks.append(torch.arange(ctx_len, device=dev)[None, :] <= q_pos[:, None])
+            q_start += n
+        meta = AttentionMetadata(
+            slot_mapping=t(slots),
+            num_decodes=len(decodes),
+            decode_block_tables=decode_tables,
+            decode_mask=decode_mask,
+            prefills=meta_prefills,
+            prefill_masks=masks,
+        )
+        return t(ids), t(pos), meta, sample_rows
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_local_engine(settings: EngineSettings) -> Engine:
+    """Load the model, size the KV cache and wire scheduler, block manager and runner."""
+    from rag.engine.engine import Engine, HFTokenizer
+    from rag.engine.loader import load_model
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    loaded = load_model(settings.model_path, settings.cache_dir, device, dtype)
+    cfg = loaded.config
+    max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
+    bs = settings.block_size
+    num_blocks = settings.num_kv_blocks or max(
+        2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.model, bs, dtype)
+    )
+    # A lone sequence of max_model_len must always fit, or it could never finish.
+    max_model_len = min(max_model_len, num_blocks * bs - 1)
+    logger.info(
+        "engine: %s %s, %d KV blocks of %d tokens, context %d",
+        device, dtype, num_blocks, bs, max_model_len,
+    )  # fmt: skip
+    runner = ModelRunner(loaded.model, KVCacheSpec(num_blocks, bs), device)
+    bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    sched = SchedulerConfig(
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=max_model_len,
+    )
+    return Engine(
+        runner, HFTokenizer(loaded.tokenizer), sched, bm, loaded.eos_token_ids,
+        settings.max_waiting,
+    )  # fmt: skip

@@ -1,0 +1,174 @@
+"""Requests as the engine sees them: sampling parameters, sequences, events and errors."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+
+class EngineError(Exception):
+    """Base class of the engine's errors."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """Bad parameters or a prompt that cannot fit; refused before any work."""
+
+
+class EngineOverloaded(EngineError):
+    """The waiting queue is full; the caller should retry later (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation knobs. temperature 0 means greedy."""
+
+    max_tokens: int | None = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Lists are accepted for convenience; keep the dataclass hashable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, max_model_len: int) -> None:
+        """Raise InvalidRequest if these parameters cannot be served."""
+        if self.max_tokens is not None:
+            if self.max_tokens <= 0:
+                raise InvalidRequest(f"max_tokens must be > 0, got {self.max_tokens}")
+            if self.max_tokens > max_model_len:
+                raise InvalidRequest(
+                    f"max_tokens {self.max_tokens} exceeds the context length {max_model_len}"
+                )
+        if not (self.temperature >= 0.0):  # also catches NaN
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise InvalidRequest("stop strings must be non-empty")
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's tokens and its place in the KV cache.
+
+    token_ids holds the prompt followed by the generated tokens. num_computed_tokens counts the
+    leading tokens whose keys and values are in the cache; the rest are fed in the next steps.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (first admission)
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    seq_no: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def check_stop(self) -> FinishReason | None:
+        """Finish reason after the last appended token, if any (stop strings: the engine)."""
+        last = self.token_ids[-1]
+        if not self.params.ignore_eos and last in self.eos_token_ids:
+            return FinishReason.STOP
+        if last in self.params.stop_token_ids:
+            return FinishReason.STOP
+        if self.params.max_tokens is not None and self.num_output_tokens >= self.params.max_tokens:
+            return FinishReason.LENGTH
+        if self.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A piece of a request's stream. The last one has finish_reason and usage set."""
+
+    request_id: str
+    text: str  # new text since the previous event
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

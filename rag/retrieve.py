@@ -1,0 +1,346 @@
+"""Search, top to bottom: embed → vector search → keyword search → fuse → hydrate.
+
+Every hit is re-checked against SQL (tenant, collection, tombstone) before it is returned,
+so an index that lags the record can never leak a deleted or foreign chunk. A deadline is
+passed down the stages; when what is left of it cannot cover a stage at the requested knobs,
+the stage is degraded (smaller ef_search or nprobe, no keyword side) and the answer says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rag.config import SearchSettings
+from rag.db import Database, repo
+from rag.db.models import Chunk, Collection, Document
+from rag.deadline import Deadline
+from rag.embed import Embedder
+from rag.errors import Invalid
+from rag.fulltext import keyword_search
+from rag.index.base import Hits, SearchParams
+from rag.index.manager import IndexManager, IndexState
+
+log = logging.getLogger(__name__)
+
+RRF_K = 60  # the usual reciprocal-rank-fusion constant
+MetaValue = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a request asked for; None means the collection's default, then the service's."""
+
+    k: int | None = None
+    ef_search: int | None = None
+    nprobe: int | None = None
+    exact: bool | None = None
+    hybrid: float | None = None  # keyword weight in the fusion, 0 = dense only
+    budget_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Filter:
+    document_ids: tuple[str, ...] | None = None
+    metadata: dict[str, MetaValue] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.document_ids and not self.metadata
+
+
+@dataclass(frozen=True)
+class Passage:
+    chunk_id: int
+    document_id: str
+    filename: str
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    score: float
+    dense_score: float | None
+    keyword_score: float | None
+    metadata: dict[str, Any]
+
+
+@dataclass
+class SearchResult:
+    passages: list[Passage]
+    knobs: dict[str, Any]
+    timings_ms: dict[str, float]
+    degraded: list[str]
+    index: IndexState
+    partial: bool  # the index is still building or catching up: results cover what is indexed
+    over_budget: bool = False
+
+
+@dataclass
+class _Cost:
+    """Running estimates of stage costs, for the budget decisions."""
+
+    per_unit_ms: float = 0.02  # vector search ms per unit of effort (ef, nprobe, ...)
+    keyword_ms: float = 5.0
+    hydrate_ms: float = 2.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, attr: str, value: float) -> None:
+        with self.lock:
+            old = getattr(self, attr)
+            setattr(self, attr, 0.8 * old + 0.2 * value)
+
+
+class Retriever:
+    def __init__(
+        self, db: Database, embedder: Embedder, indexes: IndexManager, settings: SearchSettings
+    ) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.indexes = indexes
+        self.settings = settings
+        self._costs: dict[str, _Cost] = {}
+
+    # ------------------------------------------------------------------ the path
+
+    def search(
+        self,
+        tenant_id: str,
+        collection_id: str,
+        query: str,
+        knobs: Knobs,
+        filt: Filter | None = None,
+        deadline: Deadline | None = None,
+    ) -> SearchResult:
+        timings: dict[str, float] = {}
+        degraded: list[str] = []
+        with self.db.read() as session:
+            collection = repo.get_collection(session, tenant_id, collection_id)
+            k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(collection, query, knobs)
+            allowed = (
+                None if filt is None or filt.empty else _allowed_chunks(session, collection, filt)
+            )
+        deadline = deadline or Deadline.after_ms(budget_ms)
+        cost = self._costs.setdefault(collection_id, _Cost())
+        # A few spare candidates absorb hits that the SQL re-check drops.
+        fetch = min(k + 5, self.settings.max_k + 5)
+
+        t = time.perf_counter()
+        qvec = self.embedder.embed([query])
+        timings["embed"] = _ms(t)
+
+        index_state = self.indexes.state(collection_id)
+        effort_param, effort = self._effort(index_state, ef, nprobe, exact)
+        if deadline.bounded:
+            spare = deadline.remaining_ms() - cost.hydrate_ms - (cost.keyword_ms if hybrid else 0)
+            if exact and effort * cost.per_unit_ms > spare:
+                exact = False
+                degraded.append("exact search replaced by the index's approximate search")
+                effort_param, effort = self._effort(index_state, ef, nprobe, False)
+            if effort_param and effort * cost.per_unit_ms > spare:
+                floor = k if effort_param == "ef_search" else 1
+                cut = max(floor, int(spare / cost.per_unit_ms))
+                if cut < effort:
+                    degraded.append(f"{effort_param} lowered from {effort} to {cut}")
+                    effort = cut
+                    if effort_param == "ef_search":
+                        ef = cut
+                    else:
+                        nprobe = cut
+
+        t = time.perf_counter()
+        outcome = self.indexes.search(
+            collection_id,
+            qvec,
+            SearchParams(k=fetch, ef_search=ef, nprobe=nprobe, exact=bool(exact)),
+            allowed_ids=allowed,
+        )
+        timings["search"] = _ms(t)
+        if effort:
+            cost.observe("per_unit_ms", timings["search"] / effort)
+        hits: Hits = outcome.hits[0]
+
+        keyword: list[tuple[int, float]] = []
+        if hybrid:
+            if deadline.bounded and deadline.remaining_ms() < cost.keyword_ms + cost.hydrate_ms:
+                degraded.append("keyword search skipped to stay within the budget")
+                hybrid = 0.0
+            else:
+                t = time.perf_counter()
+                with self.db.read() as session:
+                    keyword = keyword_search(session, collection_id, query, fetch * 2, allowed)
+                timings["keyword"] = _ms(t)
+                cost.observe("keyword_ms", timings["keyword"])
+
+        t = time.perf_counter()
+        ranked = fuse(hits, keyword, hybrid or 0.0, fetch)
+        timings["fuse"] = _ms(t)
+
+        t = time.perf_counter()
+        passages = self._hydrate(tenant_id, collection_id, ranked)[:k]
+        timings["hydrate"] = _ms(t)
+        cost.observe("hydrate_ms", timings["hydrate"])
+        timings["total"] = deadline.elapsed_ms()
+
+        state = outcome.state
+        used = {
+            "k": k,
+            "ef_search": ef if state.kind in ("hnsw", "faiss_hnsw") and not exact else None,
+            "nprobe": nprobe if state.kind.startswith("faiss_ivf") and not exact else None,
+            "exact": bool(exact),
+            "hybrid": hybrid or 0.0,
+            "budget_ms": budget_ms,
+            "index_kind": state.kind,
+        }
+        return SearchResult(
+            passages,
+            used,
+            timings,
+            degraded,
+            state,
+            partial=state.building or state.stale,
+            over_budget=deadline.expired(),
+        )
+
+    # ------------------------------------------------------------------ pieces
+
+    def _resolve(
+        self, collection: Collection, query: str, knobs: Knobs
+    ) -> tuple[int, int | None, int | None, bool, float, float | None]:
+        if not query.strip():
+            raise Invalid("query is empty")
+        if len(query) > self.settings.max_query_chars:
+            raise Invalid(f"query is longer than {self.settings.max_query_chars} characters")
+        saved = collection.search_defaults or {}
+
+        def pick(name: str, default: Any) -> Any:
+            value = getattr(knobs, name)
+            return value if value is not None else saved.get(name, default)
+
+        k = int(pick("k", self.settings.default_k))
+        if not 1 <= k <= self.settings.max_k:
+            raise Invalid(f"k must be between 1 and {self.settings.max_k}, got {k}")
+        ef = pick("ef_search", None)
+        if ef is not None and ef < k:
+            raise Invalid(f"ef_search ({ef}) must be at least k ({k})")
+        nprobe = pick("nprobe", None)
+        hybrid = float(pick("hybrid", 0.0))
+        if not 0.0 <= hybrid <= 1.0:
+            raise Invalid("hybrid is the keyword weight, between 0 and 1")
+        budget = pick("budget_ms", self.settings.default_budget_ms)
+        return k, ef, nprobe, bool(pick("exact", False)), hybrid, budget
+
+    def _effort(
+        self, state: IndexState, ef: int | None, nprobe: int | None, exact: bool
+    ) -> tuple[str | None, int]:
+        """Which knob sets the search's cost, and its value (for the budget)."""
+        if exact or state.kind in ("exact", "faiss_flat"):
+            return None, max(1, state.count // 100)
+        index = self.indexes.get(state.collection_id)
+        params = index.params
+        if state.kind in ("hnsw", "faiss_hnsw"):
+            return "ef_search", int(ef or params.get("ef_search", 64))
+        default_nprobe = getattr(index, "default_nprobe", None)
+        value = nprobe or params.get("nprobe") or (default_nprobe() if default_nprobe else 8)
+        return "nprobe", int(value)
+
+    def _hydrate(
+        self,
+        tenant_id: str,
+        collection_id: str,
+        ranked: list[tuple[int, float, float | None, float | None]],
+    ) -> list[Passage]:
+        if not ranked:
+            return []
+        ids = [r[0] for r in ranked]
+        with self.db.read() as session:
+            rows = session.execute(
+                select(Chunk, Document.filename, Document.meta)
+                .join(Document, Document.id == Chunk.document_id)
+                .where(
+                    Chunk.id.in_(ids),
+                    Chunk.collection_id == collection_id,
+                    Chunk.tenant_id == tenant_id,
+                    Document.tenant_id == tenant_id,
+                    Document.deleted_at.is_(None),
+                )
+            ).all()
+        by_id = {chunk.id: (chunk, filename, meta) for chunk, filename, meta in rows}
+        out = []
+        for chunk_id, score, dense, kw in ranked:
+            found = by_id.get(chunk_id)
+            if found is None:
+                continue  # deleted, or never this tenant's: the index lags the record
+            chunk, filename, meta = found
+            out.append(
+                Passage(
+                    chunk.id,
+                    chunk.document_id,
+                    filename,
+                    chunk.ordinal,
+                    chunk.text,
+                    chunk.start_char,
+                    chunk.end_char,
+                    score,
+                    dense,
+                    kw,
+                    meta or {},
+                )
+            )
+        return out
+
+
+def fuse(
+    dense: Hits, keyword: list[tuple[int, float]], weight: float, limit: int
+) -> list[tuple[int, float, float | None, float | None]]:
+    """Weighted reciprocal rank fusion. With weight 0 the dense ranking and its cosine
+    scores pass through unchanged."""
+    dense_scores = {int(i): float(s) for i, s in dense}
+    if weight <= 0 or not keyword:
+        return [(i, s, s, None) for i, s in list(dense_scores.items())[:limit]]
+    kw_scores = dict(keyword)
+    fused: dict[int, float] = {}
+    for rank, chunk_id in enumerate(dense_scores):
+        fused[chunk_id] = (1 - weight) / (RRF_K + rank + 1)
+    for rank, (chunk_id, _) in enumerate(keyword):
+        fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (RRF_K + rank + 1)
+    best = sorted(fused.items(), key=lambda kv: -kv[1])[:limit]
+    return [(i, s, dense_scores.get(i), kw_scores.get(i)) for i, s in best]
+
+
+def _allowed_chunks(session: Session, collection: Collection, filt: Filter) -> set[int]:
+    """Chunk ids a filter allows, resolved in SQL; the index filters inside its search."""
+    stmt = (
+        select(Chunk.id)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.collection_id == collection.id, Document.deleted_at.is_(None))
+    )
+    if filt.document_ids:
+        stmt = stmt.where(Document.id.in_(filt.document_ids))
+    for key, value in (filt.metadata or {}).items():
+        field_ = Document.meta[key]
+        known = session.scalar(
+            select(Document.id)
+            .where(Document.collection_id == collection.id, field_.as_string().is_not(None))
+            .limit(1)
+        )
+        if known is None:
+            raise Invalid(f"no document in this collection has the metadata key {key!r}")
+        if isinstance(value, bool):
+            stmt = stmt.where(field_.as_boolean() == value)
+        elif isinstance(value, int):
+            stmt = stmt.where(field_.as_integer() == value)
+        elif isinstance(value, float):
+            stmt = stmt.where(field_.as_float() == value)
+        else:
+            stmt = stmt.where(field_.as_string() == value)
+    return set(session.scalars(stmt))
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000.0, 3)

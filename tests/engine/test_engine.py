@@ -1,0 +1,136 @@
+"""Front-end behaviour with a counting fake runner: streaming, stops, overload, cancel."""
+
+import asyncio
+
+import pytest
+
+from rag.engine import EngineOverloaded, FinishReason, InvalidRequest, SamplingParams
+
+from .conftest import make_fake_engine
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def collect(stream):
+    events = [ev async for ev in stream]
+    return "".join(e.text for e in events), events[-1]
+
+
+async def wait_until(cond, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_streams_tokens_and_final_usage(fake_engine):
+    async def main():
+        text, last = await collect(fake_engine.submit("ab", SamplingParams(max_tokens=4)))
+        assert text == "cdef"
+        assert last.finish_reason is FinishReason.LENGTH
+        assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (2, 4)
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_are_batched(fake_engine):
+    async def main():
+        prompts = ["a", "hello", "xyz" * 5]
+        outs = await asyncio.gather(
+            *[collect(fake_engine.submit(p, SamplingParams(max_tokens=6))) for p in prompts]
+        )
+        for p, (text, _) in zip(prompts, outs, strict=True):
+            assert text == "".join(chr(ord(p[-1]) + i) for i in range(1, 7))
+        assert any(len(s.chunks) > 1 for s in fake_engine.runner.steps)
+
+    asyncio.run(main())
+
+
+def test_stop_string_truncates_and_finishes(fake_engine):
+    async def main():
+        text, last = await collect(
+            fake_engine.submit("a", SamplingParams(max_tokens=20, stop=("ef",)))
+        )
+        assert text == "bcd" and last.finish_reason is FinishReason.STOP
+        await wait_until(lambda: fake_engine.metrics().kv_blocks_used == 0)
+
+    asyncio.run(main())
+
+
+def test_bad_requests_are_refused_before_any_work(fake_engine):
+    async def main():
+        for params in (
+            SamplingParams(max_tokens=0),
+            SamplingParams(top_p=0),
+            SamplingParams(temperature=-1),
+            SamplingParams(max_tokens=1000),
+        ):
+            with pytest.raises(InvalidRequest):
+                fake_engine.submit("hi", params)
+        with pytest.raises(InvalidRequest):
+            fake_engine.submit("x" * 200, SamplingParams(max_tokens=4))  # context is 128
+        assert fake_engine.runner.steps == []
+
+    asyncio.run(main())
+
+
+def test_overload_refuses_and_nothing_gets_stuck():
+    engine = make_fake_engine(max_waiting=3, max_num_seqs=1, step_delay_s=0.005)
+
+    async def main():
+        streams = []
+        with pytest.raises(EngineOverloaded):
+            for _ in range(20):
+                streams.append(engine.submit("ab", SamplingParams(max_tokens=5)))
+        assert 1 <= len(streams) <= 4
+        results = await asyncio.gather(*[collect(s) for s in streams])
+        assert all(text == "cdefg" for text, _ in results)
+        m = engine.metrics()
+        assert (m.running, m.waiting, m.kv_blocks_used) == (0, 0, 0)
+        # Room again once the queue drained.
+        text, _ = await collect(engine.submit("ab", SamplingParams(max_tokens=5)))
+        assert text == "cdefg"
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+
+
+def test_cancel_mid_stream_frees_every_block():
+    engine = make_fake_engine(step_delay_s=0.01)
+
+    async def main():
+        stream = engine.submit("abc", SamplingParams(max_tokens=100))
+        other = engine.submit("abc", SamplingParams(max_tokens=3))
+        first = await stream.__anext__()
+        assert first.text
+        engine.cancel(stream.request_id)
+        rest = [ev async for ev in stream]
+        assert rest[-1].finish_reason is FinishReason.CANCELLED
+        assert rest[-1].usage.completion_tokens < 100
+        text, _ = await collect(other)  # the neighbour is unaffected
+        assert text == "def"
+        await wait_until(lambda: engine.metrics().kv_blocks_used == 0)
+        assert engine.metrics().running == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+
+
+def test_closing_the_stream_cancels_the_request():
+    engine = make_fake_engine(step_delay_s=0.01)
+
+    async def main():
+        stream = engine.submit("abc", SamplingParams(max_tokens=100))
+        await stream.__anext__()
+        await stream.aclose()
+        await wait_until(lambda: engine.metrics().running == 0)
+        assert engine.metrics().kv_blocks_used == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()

@@ -1,0 +1,91 @@
+"""The real SmolLM2-135M against transformers' greedy generate (float32, CPU)."""
+
+import asyncio
+
+import pytest
+
+from rag.engine import EngineSettings, FinishReason, SamplingParams, build_engine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+NEW_TOKENS = 24
+PROMPTS = [
+    "The capital of France is",
+    [{"role": "user", "content": "Write a short poem about the sea, the wind and home."}],
+    [
+        {"role": "system", "content": "Answer from the passages. Cite them as [n]."},
+        {
+            "role": "user",
+            "content": "[1] The Nile is a major north-flowing river in northeastern Africa. "
+            "It flows into the Mediterranean Sea and is about 6,650 km long. "
+            "[2] The Amazon River in South America is the largest river by discharge. "
+            "Question: Where does the Nile flow?",
+        },
+    ],
+]
+
+
+async def run_all(engine, prompts, max_tokens=NEW_TOKENS):
+    async def one(p):
+        ids, last = [], None
+        async for ev in engine.submit(p, SamplingParams(max_tokens=max_tokens)):
+            ids += ev.token_ids
+            last = ev
+        return ids, last
+
+    return await asyncio.gather(*[one(p) for p in prompts])
+
+
+@pytest.fixture(scope="module")
+def expected(smollm, hf_reference):
+    return [hf_reference(smollm.tokenizer.encode_prompt(p), NEW_TOKENS) for p in PROMPTS]
+
+
+def test_greedy_matches_transformers_concurrently_and_with_prefix_hits(smollm, expected):
+    first = asyncio.run(run_all(smollm, PROMPTS))
+    assert [ids for ids, _ in first] == expected
+    again = asyncio.run(run_all(smollm, PROMPTS))  # now served from the prefix cache
+    assert [ids for ids, _ in again] == expected
+    assert sum(last.usage.cached_prompt_tokens for _, last in again) > 0
+    assert smollm.metrics().prefix_cache_hit_rate > 0
+    assert smollm.metrics().kv_blocks_used == 0
+
+
+def test_greedy_matches_transformers_across_preemption(smollm, expected):
+    # Room for the longest request alone plus a little: the others must be preempted.
+    longest = max(len(smollm.tokenizer.encode_prompt(p)) for p in PROMPTS) + NEW_TOKENS
+    tiny = build_engine(
+        EngineSettings(
+            device="cpu",
+            dtype="float32",
+            num_kv_blocks=-(-longest // 4) + 2,
+            block_size=4,
+            max_num_batched_tokens=64,
+            enable_prefix_caching=False,
+        )  # fmt: skip
+    )
+    try:
+        got = asyncio.run(run_all(tiny, PROMPTS))
+        assert tiny.metrics().preemptions > 0
+        assert [ids for ids, _ in got] == expected
+    finally:
+        tiny.close()
+
+
+def test_cancel_mid_stream_on_the_real_model(smollm):
+    async def main():
+        stream = smollm.submit(PROMPTS[1], SamplingParams(max_tokens=200))
+        n = 0
+        async for ev in stream:
+            n += 1
+            if n == 3:
+                smollm.cancel(stream.request_id)
+            if ev.finished:
+                assert ev.finish_reason is FinishReason.CANCELLED
+        for _ in range(200):
+            if smollm.metrics().kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert smollm.metrics().kv_blocks_used == 0
+
+    asyncio.run(main())
