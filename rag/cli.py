@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from rag.config import Settings
@@ -97,6 +98,97 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offline_services(settings: Settings):  # type: ignore[no-untyped-def]
+    """Services for an operator command: no worker, no admin-key banner."""
+    from rag.services import build_services
+
+    return build_services(settings, in_process_worker=False, announce_admin_key=False)
+
+
+def cmd_index_rebuild(args: argparse.Namespace) -> int:
+    import json
+
+    from rag.db.models import Collection
+    from rag.index import build_index
+
+    settings = _settings()
+    services = _offline_services(settings)
+    try:
+        params = json.loads(args.params) if args.params else None
+        with services.db.write() as session:
+            row = session.get(Collection, args.collection)
+            if row is None or row.deleted_at is not None:
+                sys.exit(f"no collection {args.collection}")
+            kind = args.kind or row.index_kind
+            if params is None:
+                params = row.index_params if kind == row.index_kind else {}
+            if kind != "auto":
+                build_index(kind, services.embedder.dim, params)
+            row.index_kind, row.index_params = kind, params
+        t0 = time.perf_counter()
+        future = services.indexes.rebuild(args.collection, None if kind == "auto" else kind, params)
+        state = future.result()
+        took = time.perf_counter() - t0
+        print(
+            f"rebuilt {args.collection}: {state.kind}, {state.count} vectors, "
+            f"watermark {state.watermark}, generation {state.generation} ({took:.1f} s)"
+        )
+    finally:
+        services.close()
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rag import tune
+
+    settings = _settings()
+    services = _offline_services(settings)
+    try:
+        queries = tune.read_queries(Path(args.queries)) if args.queries else None
+        report = tune.tune(
+            services,
+            args.collection,
+            queries=queries,
+            n_queries=args.n,
+            k=args.k,
+            target_recall=args.target_recall,
+            budget_ms=args.budget_ms,
+            apply=args.apply,
+            progress=_progress("tune"),
+        )
+        print(report.table())
+        png = Path(args.png or settings.data_dir / "tune" / f"{args.collection}.png")
+        print(f"curve: {tune.draw(report, png)}")
+        if report.chosen is None:
+            print(
+                f"no setting reaches recall {args.target_recall}"
+                + (f" within {args.budget_ms} ms" if args.budget_ms else "")
+            )
+            return 1
+        c = report.chosen
+        verb = "stored as the collection's default" if report.applied else "(not applied)"
+        print(
+            f"cheapest meeting the target: {c.knob}={c.value} recall {c.recall:.3f} "
+            f"p99 {c.p99_ms:.1f} ms {verb}"
+        )
+    finally:
+        services.close()
+    return 0
+
+
+def _progress(desc: str):  # type: ignore[no-untyped-def]
+    def wrap(items):  # type: ignore[no-untyped-def]
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return items
+        return tqdm(list(items), desc=desc, file=sys.stderr)
+
+    return wrap
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rag", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +215,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True)
     p.add_argument("--admin", action="store_true")
     p.set_defaults(func=cmd_keys_create)
+
+    index = sub.add_parser("index", help="vector index maintenance").add_subparsers(
+        dest="index_cmd", required=True
+    )
+    p = index.add_parser("rebuild", help="rebuild a collection's index from SQL and swap it in")
+    p.add_argument("collection", help="collection id")
+    p.add_argument(
+        "--kind",
+        choices=["auto", "exact", "hnsw", "faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw"],
+    )
+    p.add_argument("--params", help="build parameters as JSON, e.g. '{\"m\": 32}'")
+    p.set_defaults(func=cmd_index_rebuild)
+
+    p = sub.add_parser("tune", help="measure recall vs latency over a sweep of knobs")
+    p.add_argument("collection", help="collection id")
+    p.add_argument("--target-recall", type=float, default=0.95)
+    p.add_argument("--budget-ms", type=float, help="p99 latency the setting must stay under")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--queries", help="a file of queries (lines, or JSONL with 'text')")
+    p.add_argument("-n", type=int, default=200, help="queries sampled from the collection")
+    p.add_argument("--png", help="where to draw the curve (default: data/tune/<id>.png)")
+    p.add_argument("--apply", action="store_true", help="store the chosen setting")
+    p.set_defaults(func=cmd_tune)
 
     for module in ("rag.engine.cli",):
         try:

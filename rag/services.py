@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rag.auth import ensure_admin_key
 from rag.config import Settings
@@ -13,6 +14,9 @@ from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
 from rag.index.manager import IndexManager
 from rag.retrieve import Retriever
+
+if TYPE_CHECKING:
+    from rag.engine.engine import GenerationBackend
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,24 @@ class Services:
     workers: list = field(default_factory=list)  # ingest.worker.Worker
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
+    # The generator is built on first use (ingest-only processes never load it), or passed
+    # in by tests.
+    _engine: GenerationBackend | None = None
+    _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def engine(self) -> GenerationBackend:
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    from rag.engine import build_engine
+
+                    self._engine = build_engine(self.settings.engine)
+        return self._engine
+
+    @property
+    def engine_loaded(self) -> bool:
+        return self._engine is not None
 
     def start(self) -> None:
         self.indexes.start(self.settings.index.catch_up_interval_s)
@@ -43,6 +65,8 @@ class Services:
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads.clear()
+        if self._engine is not None and hasattr(self._engine, "close"):
+            self._engine.close()
         self.indexes.close()
         self.db.dispose()
 
@@ -51,6 +75,7 @@ def build_services(
     settings: Settings,
     *,
     embedder: Embedder | None = None,
+    engine: GenerationBackend | None = None,
     in_process_worker: bool | None = None,
     announce_admin_key: bool = True,
 ) -> Services:
@@ -73,7 +98,12 @@ def build_services(
     )
     retriever = Retriever(db, embedder, indexes, settings.search)
     services = Services(
-        settings=settings, db=db, embedder=embedder, indexes=indexes, retriever=retriever
+        settings=settings,
+        db=db,
+        embedder=embedder,
+        indexes=indexes,
+        retriever=retriever,
+        _engine=engine,
     )
     run_worker = (
         settings.ingest.in_process_worker if in_process_worker is None else (in_process_worker)

@@ -156,9 +156,12 @@ class Api:
 def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
     clients: list[TestClient] = []
 
-    def factory(db_url: str | None, embedder: Embedder, **ingest: object) -> Api:
+    def factory(
+        db_url: str | None, embedder: Embedder, engine: object | None = None, **ingest: object
+    ) -> Api:
+        """`engine`: a generator to use instead of building the configured one."""
         settings = make_settings(tmp_path, db_url, **ingest)
-        services = build_services(settings, embedder=embedder)
+        services = build_services(settings, embedder=embedder, engine=engine)  # type: ignore[arg-type]
         client = TestClient(create_app(settings, services))
         client.__enter__()
         clients.append(client)
