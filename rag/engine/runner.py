@@ -108,7 +108,7 @@ class ModelRunner:
         def t(x: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.long, device=dev)
 
-        decode_tables = decode_mask = None
+        decode_tables = decode_bias = None
         if decodes:
             max_blocks = max(len(c.block_table) for c in decodes)
             decode_tables = t(
@@ -116,7 +116,11 @@ class ModelRunner:
             )  # [B, MB]
             ctx = t([c.start_pos + 1 for c in decodes])  # [B]
             arange = torch.arange(max_blocks * bs, device=dev)
-            decode_mask = (arange[None, :] < ctx[:, None])[:, None, None, :]  # [B,1,1,L]
+            visible = arange[None, :] < ctx[:, None]  # [B, L]
+            dtype = self.model.embed_tokens.weight.dtype
+            decode_bias = torch.zeros(visible.shape, dtype=dtype, device=dev)
+            decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[None, :, None, :]
+            # decode_bias: [1, B, 1, L]
         meta_prefills = []
         masks: list[torch.Tensor | None] = []
         q_start = len(decodes)
@@ -135,7 +139,7 @@ class ModelRunner:
             slot_mapping=t(slots),
             num_decodes=len(decodes),
             decode_block_tables=decode_tables,
-            decode_mask=decode_mask,
+            decode_bias=decode_bias,
             prefills=meta_prefills,
             prefill_masks=masks,
         )
