@@ -76,6 +76,20 @@ class SearchSettings(_Section):
     default_budget_ms: float | None = Field(None, gt=0)
 
 
+class AskSettings(_Section):
+    # A passage must score at least this (cosine of the dense side) to be worth answering from;
+    # below it the answer says the documents do not contain it, without running the generator.
+    relevance_threshold: float = Field(0.2, ge=-1.0, le=1.0)
+    default_k: int = Field(5, ge=1, le=200)
+    default_max_tokens: int = Field(256, ge=1)
+    max_tokens_limit: int = Field(4096, ge=1)
+    max_question_chars: int = Field(4000, ge=1)
+    # The budget when the request sets none (None: no budget), and the share of it retrieval
+    # may use; generation gets the rest.
+    default_budget_ms: float | None = Field(None, gt=0)
+    retrieve_share: float = Field(0.3, gt=0, lt=1)
+
+
 class AuthSettings(_Section):
     # When unset, an admin key is generated on first start and printed once.
     admin_key: SecretStr | None = None
@@ -86,6 +100,13 @@ class ApiSettings(_Section):
     port: int = Field(8000, ge=1, le=65535)
     long_poll_max_s: float = Field(60.0, gt=0)
     page_size_max: int = Field(500, ge=1)
+
+
+class MetricsSettings(_Section):
+    # Off: no metrics middleware (no request ids, no timings) and no /metrics route.
+    enabled: bool = True
+    # /metrics needs an admin key unless this is set (for a scraper on a private network).
+    public: bool = False
 
 
 class Settings(BaseSettings):
@@ -100,8 +121,10 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     search: SearchSettings = SearchSettings()
     engine: EngineSettings = EngineSettings()
+    ask: AskSettings = AskSettings()
     auth: AuthSettings = AuthSettings()
     api: ApiSettings = ApiSettings()
+    metrics: MetricsSettings = MetricsSettings()
     log_level: str = "INFO"
     log_json: bool = False
 

@@ -1,10 +1,31 @@
-"""Logging set-up: plain or JSON lines. Log ids, never document text, prompts or keys."""
+"""Logging set-up: plain or JSON lines, each with the request id of the request it belongs to.
+
+Log ids, never document text, prompts or keys. The request id lives in a contextvar that the
+API middleware sets per request (rag.api.middleware); `RequestIdFilter` copies it onto every
+record, so plain and JSON lines both carry it without any call site passing it.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from contextvars import ContextVar
+
+# "-" outside a request (workers, startup), so the field is always present.
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps the current request id on each record (a filter, so it runs in the thread and
+    context that logged, not later at format time)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id.get()
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -14,8 +35,9 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
+            "request_id": getattr(record, "request_id", None) or request_id.get(),
         }
-        for key in ("request_id", "job_id", "collection_id"):
+        for key in ("job_id", "collection_id"):
             if hasattr(record, key):
                 out[key] = getattr(record, key)
         if record.exc_info:
@@ -24,13 +46,17 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str = "INFO", json_lines: bool = False) -> None:
+    """Call once at startup with `settings.log_level` and `settings.log_json`."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(logging.Formatter(PLAIN_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "sentence_transformers", "transformers", "alembic"):
+    # sqlalchemy.engine would log statements with their parameters (document text, key
+    # hashes) at INFO: keep it at WARNING whatever the level.
+    for noisy in ("httpx", "sentence_transformers", "transformers", "alembic", "sqlalchemy"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

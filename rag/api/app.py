@@ -10,7 +10,8 @@ from fastapi import FastAPI
 from rag import __version__
 from rag.api import errors
 from rag.api.limits import BodyLimit
-from rag.api.routes import collections, documents, health, jobs, keys, search
+from rag.api.middleware import install as install_metrics
+from rag.api.routes import ask, collections, console, documents, jobs, keys, openai, ops, search
 from rag.config import Settings
 from rag.services import Services, build_services
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         app.state.services = services
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
-    for module in (health, keys, collections, documents, jobs, search):
+    install_metrics(app, settings)  # outermost: times and tags everything inside
+    for module in (ops, keys, collections, documents, jobs, search, console, ask, openai):
         app.include_router(module.router)
     return app

@@ -1,0 +1,909 @@
+// ragserve console. Plain JS, no build step, no remote assets.
+//
+// Rule: nothing that comes from the server (document text, filenames, answers, error
+// messages) is ever parsed as HTML. Everything is written with textContent or
+// createTextNode; the page's Content-Security-Policy forbids inline script and remote images
+// as a second line of defence.
+"use strict";
+
+(function () {
+  const KEY = "ragserve.apiKey";
+  const POLL_MS = 1000;
+  const STATUSES = ["queued", "parsing", "embedding", "indexed", "failed"];
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const $ = (id) => document.getElementById(id);
+
+  // ------------------------------------------------------------------ small helpers
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name === "text") node.textContent = String(value);
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children) append(node, child);
+    return node;
+  }
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, String(value));
+    }
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function append(node, child) {
+    if (child === undefined || child === null || child === false) return;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function bytes(n) {
+    if (n < 1024) return n + " B";
+    if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+    return (n / 1024 / 1024).toFixed(1) + " MiB";
+  }
+
+  function when(iso) {
+    if (!iso) return "";
+    const d = new Date(iso);
+    return isNaN(d) ? "" : d.toLocaleString();
+  }
+
+  function banner(message, kind) {
+    const b = $("banner");
+    if (!message) {
+      b.hidden = true;
+      return;
+    }
+    b.textContent = message;
+    b.className = "banner" + (kind ? " " + kind : "");
+    b.hidden = false;
+  }
+
+  // ------------------------------------------------------------------ API
+
+  class ApiError extends Error {
+    constructor(status, message) {
+      super(message);
+      this.status = status;
+    }
+  }
+
+  function apiKey() {
+    return sessionStorage.getItem(KEY);
+  }
+
+  async function api(method, path, body) {
+    const headers = { Authorization: "Bearer " + apiKey() };
+    let payload;
+    if (body instanceof FormData) payload = body;
+    else if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      payload = JSON.stringify(body);
+    }
+    const r = await fetch(path, { method, headers, body: payload });
+    if (r.status === 401) {
+      signOut("Your API key was refused; sign in again.");
+      throw new ApiError(401, "unauthorized");
+    }
+    if (r.status === 204) return null;
+    const data = await r.json().catch(() => null);
+    if (!r.ok) throw new ApiError(r.status, errorMessage(r, data));
+    return data;
+  }
+
+  function errorMessage(r, data) {
+    const e = data && data.error;
+    let message = (e && e.message) || r.statusText || "request failed";
+    const retry = r.headers.get("Retry-After");
+    if (r.status === 429 && retry) message += " (retry in " + retry + " s)";
+    return r.status + ": " + message;
+  }
+
+  // ------------------------------------------------------------------ routing
+
+  // #/collections, #/c/<id>/documents, #/c/<id>/ask, #/c/<id>/tune
+  const state = { view: null, collection: null, pollTimer: null, ask: null };
+
+  function go(hash) {
+    if (location.hash === hash) route();
+    else location.hash = hash;
+  }
+
+  function showView(name) {
+    for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== "view-" + name;
+    $("signout").hidden = name === "signin";
+    state.view = name;
+  }
+
+  function stopPolling() {
+    if (state.pollTimer) clearTimeout(state.pollTimer);
+    state.pollTimer = null;
+  }
+
+  async function route() {
+    stopPolling();
+    banner(null);
+    if (!apiKey()) return showSignIn();
+    const parts = location.hash.replace(/^#\/?/, "").split("/");
+    if (parts[0] === "c" && parts[1]) {
+      return showCollection(decodeURIComponent(parts[1]), parts[2] || "documents");
+    }
+    return showCollections();
+  }
+
+  function crumbs(...items) {
+    const nav = $("crumbs");
+    clear(nav);
+    items.forEach((item, i) => {
+      if (i) append(nav, "›");
+      append(nav, item.href ? el("a", { href: item.href, text: item.text }) : item.text);
+    });
+  }
+
+  // ------------------------------------------------------------------ sign in
+
+  function showSignIn(message) {
+    showView("signin");
+    crumbs();
+    if (message) banner(message);
+    $("signin-key").focus();
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(KEY);
+    stopPolling();
+    if (state.ask) state.ask.abort();
+    showSignIn(message);
+    if (location.hash) history.replaceState(null, "", location.pathname);
+  }
+
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const key = $("signin-key").value.trim();
+    if (!key) return;
+    sessionStorage.setItem(KEY, key);
+    try {
+      await api("GET", "/v1/collections");
+    } catch (err) {
+      if (err.status !== 401) {
+        sessionStorage.removeItem(KEY);
+        banner("Sign-in failed: " + err.message);
+      }
+      return;
+    }
+    $("signin-key").value = "";
+    go(location.hash && location.hash !== "#/" ? location.hash : "#/collections");
+  });
+
+  $("signout").addEventListener("click", () => signOut());
+
+  // ------------------------------------------------------------------ collections
+
+  async function showCollections() {
+    showView("collections");
+    crumbs({ text: "Collections" });
+    let data;
+    try {
+      data = await api("GET", "/v1/collections");
+    } catch (err) {
+      return banner(err.message);
+    }
+    const body = $("collections-body");
+    clear(body);
+    $("collections-empty").hidden = data.collections.length > 0;
+    for (const c of data.collections) {
+      const docs = Object.entries(c.documents || {})
+        .map(([s, n]) => n + " " + s)
+        .join(", ");
+      const defaults = Object.entries(c.search_defaults || {})
+        .map(([k, v]) => k + "=" + v)
+        .join(", ");
+      const params = Object.entries(c.index_params || {})
+        .map(([k, v]) => k + "=" + v)
+        .join(", ");
+      body.appendChild(
+        el(
+          "tr",
+          { "data-id": c.id },
+          el(
+            "td",
+            {},
+            el("a", { href: "#/c/" + encodeURIComponent(c.id) + "/documents", text: c.name }),
+            el("div", { class: "muted", text: c.description || c.id })
+          ),
+          el("td", { text: c.index_kind + (params ? " (" + params + ")" : "") }),
+          el("td", { text: docs || "0" }),
+          el("td", { text: c.chunks }),
+          el("td", { text: defaults || "—" }),
+          el(
+            "td",
+            {},
+            el("button", {
+              class: "danger",
+              type: "button",
+              text: "Delete",
+              onclick: () => deleteCollection(c),
+            })
+          )
+        )
+      );
+    }
+  }
+
+  async function deleteCollection(c) {
+    if (!confirm("Delete the collection “" + c.name + "” and all its documents?")) return;
+    try {
+      await api("DELETE", "/v1/collections/" + encodeURIComponent(c.id));
+    } catch (err) {
+      return banner(err.message);
+    }
+    showCollections();
+  }
+
+  function syncKnobs() {
+    const kind = $("create-kind").value;
+    for (const group of $("create-knobs").querySelectorAll("[data-kinds]")) {
+      group.hidden = !group.dataset.kinds.split(" ").includes(kind);
+    }
+  }
+  $("create-kind").addEventListener("change", syncKnobs);
+  syncKnobs();
+
+  function intOrNull(input) {
+    return input.value.trim() === "" ? null : Number.parseInt(input.value, 10);
+  }
+
+  $("create-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const kind = $("create-kind").value;
+    const params = {};
+    for (const group of $("create-knobs").querySelectorAll("[data-kinds]")) {
+      if (group.hidden) continue;
+      for (const input of group.querySelectorAll("input")) {
+        const v = intOrNull(input);
+        if (v !== null) params[input.name] = v;
+      }
+    }
+    const chunking = {};
+    const tokens = intOrNull($("create-tokens"));
+    const overlap = intOrNull($("create-overlap"));
+    if (tokens !== null) chunking.tokens = tokens;
+    if (overlap !== null) chunking.overlap = overlap;
+    const body = {
+      name: $("create-name").value,
+      description: $("create-description").value,
+      index: { kind, params },
+      chunking,
+    };
+    let created;
+    try {
+      created = await api("POST", "/v1/collections", body);
+    } catch (err) {
+      return banner(err.message);
+    }
+    $("create-form").reset();
+    syncKnobs();
+    go("#/c/" + encodeURIComponent(created.id) + "/documents");
+  });
+
+  // ------------------------------------------------------------------ one collection
+
+  async function showCollection(id, tab) {
+    showView("collection");
+    let c = state.collection;
+    if (!c || c.id !== id) {
+      try {
+        c = await api("GET", "/v1/collections/" + encodeURIComponent(id));
+      } catch (err) {
+        return banner(err.message);
+      }
+      state.collection = c;
+      resetAsk();
+    }
+    $("collection-title").textContent = c.name;
+    $("collection-meta").textContent =
+      c.index_kind + " index · " + c.embedding_model + " (" + c.embedding_dim + "d) · " +
+      c.chunk_tokens + "-token chunks · id " + c.id;
+    const base = "#/c/" + encodeURIComponent(id) + "/";
+    for (const name of ["documents", "ask", "tune"]) {
+      const a = $("tab-" + name);
+      a.href = base + name;
+      a.classList.toggle("active", name === tab);
+      $("pane-" + name).hidden = name !== tab;
+    }
+    crumbs(
+      { text: "Collections", href: "#/collections" },
+      { text: c.name, href: base + "documents" },
+      { text: tab[0].toUpperCase() + tab.slice(1) }
+    );
+    if (tab === "documents") return showDocuments(id);
+    if (tab === "ask") return $("ask-question").focus();
+    if (tab === "tune") return showTune(id);
+  }
+
+  // ------------------------------------------------------------------ documents
+
+  async function showDocuments(cid) {
+    await refreshDocuments(cid);
+  }
+
+  async function refreshDocuments(cid) {
+    stopPolling();
+    let docs = [];
+    try {
+      // Walk every page so the list is complete for collections of any size.
+      let cursor = null;
+      do {
+        const q = "?limit=500" + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+        const page = await api("GET", "/v1/collections/" + encodeURIComponent(cid) + "/documents" + q);
+        docs = docs.concat(page.documents);
+        cursor = page.next_cursor;
+      } while (cursor);
+    } catch (err) {
+      banner(err.message);
+    }
+    if (state.view !== "collection" || $("pane-documents").hidden) return;
+    renderDocuments(docs);
+    // Poll while the tab is open: fast while anything is still moving, slower otherwise.
+    const moving = docs.some((d) => d.status !== "indexed" && d.status !== "failed");
+    state.pollTimer = setTimeout(() => refreshDocuments(cid), moving ? POLL_MS : 5 * POLL_MS);
+  }
+
+  function renderDocuments(docs) {
+    const body = $("documents-body");
+    clear(body);
+    $("documents-empty").hidden = docs.length > 0;
+    for (const d of docs) {
+      const status = STATUSES.includes(d.status) ? d.status : "other";
+      body.appendChild(
+        el(
+          "tr",
+          { "data-id": d.id, "data-status": d.status },
+          el("td", {}, el("span", { class: "filename", text: d.filename }),
+            el("div", { class: "muted", text: d.media_type })),
+          el(
+            "td",
+            {},
+            el("span", { class: "badge " + status, text: d.status }),
+            d.error ? el("span", { class: "reason", text: d.error }) : null
+          ),
+          el("td", { text: d.chunk_count }),
+          el("td", { text: bytes(d.size) }),
+          el("td", { text: when(d.updated_at || d.created_at) }),
+          el(
+            "td",
+            {},
+            el("button", {
+              class: "danger",
+              type: "button",
+              text: "Delete",
+              onclick: () => deleteDocument(d),
+            })
+          )
+        )
+      );
+    }
+  }
+
+  async function deleteDocument(d) {
+    if (!confirm("Delete “" + d.filename + "”? It leaves every answer at once.")) return;
+    try {
+      await api("DELETE", "/v1/documents/" + encodeURIComponent(d.id));
+    } catch (err) {
+      return banner(err.message);
+    }
+    refreshDocuments(state.collection.id);
+  }
+
+  async function upload(files) {
+    if (!files.length || !state.collection) return;
+    const form = new FormData();
+    for (const f of files) form.append("files", f, f.name);
+    const status = $("upload-status");
+    status.textContent = "Uploading " + files.length + " file(s)…";
+    try {
+      const r = await api("POST", "/v1/collections/" + encodeURIComponent(state.collection.id) + "/documents", form);
+      const dup = r.documents.filter((d) => d.duplicate).length;
+      status.textContent =
+        "Accepted " + r.documents.length + " file(s)" + (dup ? " (" + dup + " already present)" : "") + ".";
+    } catch (err) {
+      status.textContent = "";
+      banner(err.message);
+    }
+    refreshDocuments(state.collection.id);
+  }
+
+  const drop = $("dropzone");
+  for (const name of ["dragenter", "dragover"]) {
+    drop.addEventListener(name, (e) => {
+      e.preventDefault();
+      drop.classList.add("over");
+    });
+  }
+  for (const name of ["dragleave", "drop"]) {
+    drop.addEventListener(name, () => drop.classList.remove("over"));
+  }
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    upload(Array.from(e.dataTransfer.files));
+  });
+  // A file dropped outside the zone must not make the browser navigate to it.
+  window.addEventListener("dragover", (e) => e.preventDefault());
+  window.addEventListener("drop", (e) => e.preventDefault());
+  $("file-input").addEventListener("change", (e) => {
+    upload(Array.from(e.target.files));
+    e.target.value = "";
+  });
+
+  // ------------------------------------------------------------------ ask
+
+  function resetAsk() {
+    if (state.ask) state.ask.abort();
+    state.ask = null;
+    clear($("answer"));
+    clear($("passages"));
+    clear($("timings-body"));
+    $("answer-usage").textContent = "";
+    $("answer-state").textContent = "";
+    $("answer-state").className = "badge";
+    $("citation").hidden = true;
+  }
+
+  // Parse a server-sent-event stream read with fetch(): EventSource cannot POST.
+  async function* sseEvents(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
+        const ev = parseEvent(block);
+        if (ev) yield ev;
+      }
+    }
+    const ev = parseEvent(buffer);
+    if (ev) yield ev;
+  }
+
+  function parseEvent(block) {
+    let name = "message";
+    const data = [];
+    for (const line of block.split(/\r?\n/)) {
+      if (!line || line.startsWith(":")) continue;
+      const i = line.indexOf(":");
+      const field = i < 0 ? line : line.slice(0, i);
+      const value = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+      if (field === "event") name = value;
+      else if (field === "data") data.push(value);
+    }
+    if (!data.length) return null;
+    const raw = data.join("\n");
+    if (raw === "[DONE]") return null;
+    let parsed;
+    try {
+      parsed = JSON.parse(raw);
+    } catch (_) {
+      parsed = { text: raw };
+    }
+    return { name, data: parsed };
+  }
+
+  // The event's role, from its name or else from its shape.
+  function kindOf(ev) {
+    const d = ev.data || {};
+    const n = ev.name;
+    if (n === "error" || (d.error && !d.citations)) return "error";
+    if (n === "passages" || n === "retrieval" || n === "context") return "passages";
+    if (n === "token" || n === "delta") return "token";
+    if (n === "done" || n === "final" || n === "end" || n === "citations") return "final";
+    if (Array.isArray(d.citations) || d.finish_reason) return "final";
+    if (Array.isArray(d.passages)) return "passages";
+    return "token";
+  }
+
+  function tokenText(d) {
+    if (typeof d === "string") return d;
+    if (typeof d.text === "string") return d.text;
+    if (typeof d.delta === "string") return d.delta;
+    if (typeof d.token === "string") return d.token;
+    if (typeof d.content === "string") return d.content;
+    return "";
+  }
+
+  $("ask-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    ask($("ask-question").value.trim());
+  });
+  $("ask-question").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      $("ask-form").requestSubmit();
+    }
+  });
+  $("ask-stop").addEventListener("click", () => state.ask && state.ask.abort());
+
+  async function ask(question) {
+    if (!question || !state.collection) return;
+    resetAsk();
+    banner(null);
+    const controller = new AbortController();
+    state.ask = controller;
+    const run = { text: "", passages: [], citations: null };
+    const stateBadge = $("answer-state");
+    stateBadge.textContent = "retrieving";
+    stateBadge.className = "badge streaming";
+    $("ask-submit").disabled = true;
+    $("ask-stop").hidden = false;
+    const body = { question, stream: true };
+    const k = intOrNull($("ask-k"));
+    const maxTokens = intOrNull($("ask-max-tokens"));
+    if (k) body.k = k;
+    if (maxTokens) body.max_tokens = maxTokens;
+    try {
+      const r = await fetch("/v1/collections/" + encodeURIComponent(state.collection.id) + "/ask", {
+        method: "POST",
+        headers: {
+          Authorization: "Bearer " + apiKey(),
+          "Content-Type": "application/json",
+          Accept: "text/event-stream",
+        },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (r.status === 401) return signOut("Your API key was refused; sign in again.");
+      if (!r.ok) {
+        const data = await r.json().catch(() => null);
+        throw new ApiError(r.status, errorMessage(r, data));
+      }
+      for await (const ev of sseEvents(r)) {
+        const kind = kindOf(ev);
+        if (kind === "passages") {
+          run.passages = ev.data.passages || [];
+          renderPassages(run.passages);
+          if (ev.data.timings_ms || ev.data.timings) renderTimings(ev.data.timings_ms || ev.data.timings);
+          stateBadge.textContent = "generating";
+        } else if (kind === "token") {
+          run.text += tokenText(ev.data);
+          renderAnswer(run);
+        } else if (kind === "final") {
+          run.citations = ev.data.citations || [];
+          // The final answer is authoritative (the server may have trimmed a stop string).
+          if (typeof ev.data.answer === "string") run.text = ev.data.answer;
+          renderAnswer(run);
+          renderTimings(ev.data.timings_ms || ev.data.timings || {});
+          renderUsage(ev.data);
+          stateBadge.textContent = ev.data.finish_reason || "done";
+          stateBadge.className = "badge done";
+        } else if (kind === "error") {
+          const e = ev.data.error || ev.data;
+          throw new ApiError(0, (e && e.message) || "the answer failed");
+        }
+      }
+      if (run.citations === null) {
+        stateBadge.textContent = "incomplete";
+        stateBadge.className = "badge error";
+      }
+    } catch (err) {
+      if (err.name === "AbortError") {
+        stateBadge.textContent = "stopped";
+        stateBadge.className = "badge";
+      } else {
+        stateBadge.textContent = "error";
+        stateBadge.className = "badge error";
+        banner(err.message);
+      }
+    } finally {
+      if (state.ask === controller) state.ask = null;
+      $("ask-submit").disabled = false;
+      $("ask-stop").hidden = true;
+    }
+  }
+
+  // The answer with its [n] markers turned into citation links. Until the final event the
+  // markers point at the numbered passages; after it, at the server's citations.
+  function renderAnswer(run) {
+    const out = $("answer");
+    clear(out);
+    const re = /\[(\d+)\]/g;
+    let last = 0;
+    let m;
+    while ((m = re.exec(run.text)) !== null) {
+      append(out, run.text.slice(last, m.index));
+      const n = Number(m[1]);
+      const target = citationFor(run, n);
+      if (target) {
+        out.appendChild(
+          el("a", {
+            class: "cite",
+            href: "#",
+            role: "button",
+            "data-marker": n,
+            title: target.filename || "",
+            text: String(n),
+            onclick: (e) => {
+              e.preventDefault();
+              for (const a of out.querySelectorAll(".cite.open")) a.classList.remove("open");
+              e.currentTarget.classList.add("open");
+              openCitation(n, target);
+            },
+          })
+        );
+      } else {
+        append(out, m[0]);
+      }
+      last = re.lastIndex;
+    }
+    append(out, run.text.slice(last));
+  }
+
+  function citationFor(run, n) {
+    if (run.citations) {
+      const c = run.citations.find((c) => Number(c.marker ?? c.n) === n);
+      if (c) return c;
+    }
+    const p = run.passages[n - 1];
+    return p ? { marker: n, ...p } : null;
+  }
+
+  // Open the cited passage: the chunk from the document's chunk list, with the cited span
+  // (document character offsets) highlighted.
+  async function openCitation(n, c) {
+    const box = $("citation");
+    const text = $("citation-text");
+    $("citation-title").textContent = "[" + n + "] " + (c.filename || c.document_id);
+    clear(text);
+    append(text, "Loading…");
+    box.hidden = false;
+    let chunk;
+    try {
+      chunk = await findChunk(c);
+    } catch (err) {
+      clear(text);
+      return append(text, err.message);
+    }
+    clear(text);
+    if (!chunk) return append(text, "The cited passage is no longer available.");
+    const from = Math.max(0, Math.min(chunk.text.length, (c.start_char ?? chunk.start_char) - chunk.start_char));
+    const to = Math.max(from, Math.min(chunk.text.length, (c.end_char ?? chunk.end_char) - chunk.start_char));
+    append(text, chunk.text.slice(0, from));
+    const mark = el("mark", { class: "cited", text: chunk.text.slice(from, to) });
+    text.appendChild(mark);
+    append(text, chunk.text.slice(to));
+    $("citation-title").textContent +=
+      " · characters " + (c.start_char ?? chunk.start_char) + "–" + (c.end_char ?? chunk.end_char);
+    mark.scrollIntoView({ block: "nearest" });
+  }
+
+  async function findChunk(c) {
+    const base = "/v1/documents/" + encodeURIComponent(c.document_id) + "/chunks";
+    const limit = 1000;
+    let fallback = null;
+    for (let offset = 0; ; offset += limit) {
+      const page = await api("GET", base + "?limit=" + limit + "&offset=" + offset);
+      for (const ch of page.chunks) {
+        if (ch.id === c.chunk_id || ch.uid === c.chunk_id) return ch;
+        if (!fallback && c.start_char >= ch.start_char && c.start_char < ch.end_char) fallback = ch;
+      }
+      if (page.chunks.length < limit) return fallback;
+    }
+  }
+
+  function renderPassages(passages) {
+    const list = $("passages");
+    clear(list);
+    passages.forEach((p, i) => {
+      const score = typeof p.score === "number" ? " · score " + p.score.toFixed(3) : "";
+      list.appendChild(
+        el(
+          "li",
+          { "data-chunk": p.chunk_id, value: i + 1 },
+          el("div", { class: "meta", text: (p.filename || p.document_id) + score }),
+          el("pre", { class: "passage-text", text: p.text || "" })
+        )
+      );
+    });
+  }
+
+  function renderTimings(timings) {
+    const body = $("timings-body");
+    clear(body);
+    for (const [stage, ms] of Object.entries(timings || {})) {
+      const v = typeof ms === "number" ? ms.toFixed(1) + " ms" : String(ms);
+      body.appendChild(el("tr", { "data-stage": stage }, el("td", { text: stage }), el("td", { text: v })));
+    }
+  }
+
+  function renderUsage(d) {
+    const u = d.usage || {};
+    const parts = [];
+    const cached = u.cached_tokens ?? u.cached_prompt_tokens;
+    const generated = u.generated_tokens ?? u.completion_tokens;
+    if (u.prompt_tokens !== undefined) parts.push(u.prompt_tokens + " prompt tokens");
+    if (cached) parts.push(cached + " cached");
+    if (generated !== undefined) parts.push(generated + " generated tokens");
+    if (d.finish_reason) parts.push("finish: " + d.finish_reason);
+    $("answer-usage").textContent = parts.join(" · ");
+  }
+
+  // ------------------------------------------------------------------ tune
+
+  async function showTune(cid) {
+    $("tune-body").hidden = true;
+    $("tune-empty").hidden = true;
+    $("tune-status").textContent = "";
+    let t;
+    try {
+      t = await api("GET", "/v1/collections/" + encodeURIComponent(cid) + "/tuning");
+    } catch (err) {
+      if (err.status === 404) {
+        $("tune-empty").textContent =
+          "This collection has not been tuned yet. Run `rag tune " + cid +
+          "` on the server to measure recall against latency for its own data.";
+        $("tune-empty").hidden = false;
+        return;
+      }
+      return banner(err.message);
+    }
+    renderTune(t);
+  }
+
+  function currentPoint(t) {
+    const d = t.search_defaults || {};
+    return t.points.findIndex((p) => (p.knob ? d[p.knob] === p.value : true));
+  }
+
+  function renderTune(t) {
+    $("tune-body").hidden = false;
+    const points = t.points;
+    const current = currentPoint(t);
+    let selected = current >= 0 ? current : 0;
+    const measured = t.measured_at ? new Date(t.measured_at * 1000).toLocaleString() : "";
+    $("tune-meta").textContent =
+      t.kind + " index · recall@" + t.k + " against exact search · " + t.queries + " queries · target " +
+      t.target_recall + (t.budget_ms ? " within " + t.budget_ms + " ms" : "") +
+      (measured ? " · measured " + measured : "");
+
+    const rows = $("tune-points");
+    function draw() {
+      drawChart($("tune-chart"), t, current, selected, (i) => {
+        selected = i;
+        draw();
+      });
+      clear(rows);
+      points.forEach((p, i) => {
+        const radio = el("input", {
+          type: "radio",
+          name: "tune-point",
+          value: i,
+          checked: i === selected,
+          disabled: !p.knob,
+          onchange: () => {
+            selected = i;
+            draw();
+          },
+        });
+        const notes = [];
+        if (i === current) notes.push("current default");
+        if (t.chosen && t.chosen.knob === p.knob && t.chosen.value === p.value) notes.push("tune's pick");
+        rows.appendChild(
+          el(
+            "tr",
+            { class: i === current ? "current" : "", "data-value": p.value ?? "" },
+            el("td", {}, radio),
+            el("td", { text: p.knob || "—" }),
+            el("td", { text: p.value ?? "—" }),
+            el("td", { text: p.recall.toFixed(3) }),
+            el("td", { text: p.p50_ms.toFixed(2) }),
+            el("td", { text: p.p99_ms.toFixed(2) }),
+            el("td", { class: "muted", text: notes.join(", ") })
+          )
+        );
+      });
+      $("tune-apply").disabled = !points[selected] || !points[selected].knob || selected === current;
+    }
+    draw();
+
+    $("tune-form").onsubmit = async (event) => {
+      event.preventDefault();
+      const p = points[selected];
+      if (!p || !p.knob) return;
+      // The PUT replaces the defaults: keep the others, swap the tuned knob.
+      const defaults = { ...(t.search_defaults || {}) };
+      delete defaults.ef_search;
+      delete defaults.nprobe;
+      defaults[p.knob] = p.value;
+      try {
+        const c = await api(
+          "PUT",
+          "/v1/collections/" + encodeURIComponent(t.collection_id) + "/search-defaults",
+          defaults
+        );
+        state.collection = c;
+      } catch (err) {
+        return banner(err.message);
+      }
+      await showTune(t.collection_id);
+      $("tune-status").textContent = "Searches now use " + p.knob + "=" + p.value + " by default.";
+    };
+  }
+
+  // The recall-versus-p99-latency curve as an inline SVG.
+  function drawChart(box, t, current, selected, onPick) {
+    clear(box);
+    const W = 640, H = 380, L = 58, R = 18, T = 18, B = 46;
+    const pts = t.points;
+    const xs = pts.map((p) => p.p99_ms);
+    const ys = pts.map((p) => p.recall).concat([t.target_recall]);
+    let x0 = 0, x1 = Math.max(...xs, 0.001) * 1.1;
+    let y0 = Math.max(0, Math.min(...ys) - 0.05), y1 = 1.0;
+    if (y1 - y0 < 0.05) y0 = y1 - 0.05;
+    const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
+    const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+    const s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "recall versus p99 latency" });
+
+    for (let i = 0; i <= 5; i++) {
+      const yv = y0 + ((y1 - y0) * i) / 5;
+      s.appendChild(svg("line", { class: "grid-line", x1: L, x2: W - R, y1: sy(yv), y2: sy(yv) }));
+      s.appendChild(svg("text", { x: L - 6, y: sy(yv) + 4, "text-anchor": "end" }, yv.toFixed(2)));
+      const xv = x0 + ((x1 - x0) * i) / 5;
+      s.appendChild(svg("line", { class: "grid-line", x1: sx(xv), x2: sx(xv), y1: T, y2: H - B }));
+      s.appendChild(svg("text", { x: sx(xv), y: H - B + 16, "text-anchor": "middle" }, xv.toFixed(xv < 10 ? 2 : 0)));
+    }
+    s.appendChild(svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+    s.appendChild(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+    s.appendChild(svg("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, "p99 latency per search (ms)"));
+    s.appendChild(
+      svg("text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" },
+        "recall@" + t.k)
+    );
+    const ty = sy(t.target_recall);
+    s.appendChild(svg("line", { class: "target", x1: L, x2: W - R, y1: ty, y2: ty }));
+    s.appendChild(svg("text", { x: W - R - 4, y: ty - 5, "text-anchor": "end" }, "target " + t.target_recall));
+
+    const order = pts.map((p, i) => i).sort((a, b) => (pts[a].value ?? 0) - (pts[b].value ?? 0));
+    const d = order.map((i, j) => (j ? "L" : "M") + sx(pts[i].p99_ms).toFixed(1) + " " + sy(pts[i].recall).toFixed(1)).join(" ");
+    if (pts.length > 1) s.appendChild(svg("path", { class: "curve", d }));
+
+    pts.forEach((p, i) => {
+      const cx = sx(p.p99_ms), cy = sy(p.recall);
+      if (i === current) {
+        s.appendChild(svg("circle", { class: "current-ring", cx, cy, r: 11 }));
+        s.appendChild(svg("text", { class: "label-current", x: cx + 14, y: cy + 16 }, "current default"));
+      }
+      const dot = svg("circle", {
+        class: "pt" + (i === selected ? " selected" : "") + (i === current ? " current" : ""),
+        cx, cy, r: 6, "data-index": i,
+        onclick: () => p.knob && onPick(i),
+      });
+      dot.appendChild(svg("title", {}, (p.knob ? p.knob + "=" + p.value + ": " : "") +
+        "recall " + p.recall.toFixed(3) + ", p99 " + p.p99_ms.toFixed(2) + " ms"));
+      s.appendChild(dot);
+      if (p.value !== null && p.value !== undefined) {
+        s.appendChild(svg("text", { x: cx + 8, y: cy - 8 }, String(p.value)));
+      }
+    });
+    box.appendChild(s);
+  }
+
+  // ------------------------------------------------------------------ start
+
+  window.addEventListener("hashchange", route);
+  route();
+})();

@@ -1,0 +1,89 @@
+"""Request ids, latency and status counts: one pure ASGI middleware, cheap by design.
+
+Per request it reads one header, sets two contextvars, wraps `send` to add one header and
+catch the status, and makes two observations into cached labelled children; no body is
+touched. The route label is the matched route's template (`/v1/collections/{collection_id}/
+search`), never the raw path, so ids cannot blow up the label set; what no route matched is
+labelled "unmatched".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rag.logs import request_id
+from rag.metrics import Metrics
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from rag.config import Settings
+
+log = logging.getLogger(__name__)
+
+HEADER = b"x-request-id"
+# What a caller's id may look like to be echoed and logged as is (no spaces, no control
+# characters, short): anything else is replaced by a fresh id.
+_SANE = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class RequestMetrics:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = _request_id(scope)
+        rid_header = (HEADER, rid.encode())
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), rid_header]
+            await send(message)
+
+        rid_token = request_id.set(rid)
+        metrics_token = self.metrics.activate()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe_request(
+                scope["method"], template, status, time.perf_counter() - t0
+            )
+            self.metrics.deactivate(metrics_token)
+            request_id.reset(rid_token)
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == HEADER:
+            if _SANE.match(value):
+                return value.decode()
+            break
+    return uuid.uuid4().hex
+
+
+def install(app: FastAPI, settings: Settings) -> Metrics | None:
+    """Give the app its own metrics and put the middleware outermost (add it after the
+    others). With `metrics.enabled` off, nothing is installed and None is returned."""
+    if not settings.metrics.enabled:
+        app.state.metrics = None
+        return None
+    metrics = Metrics(lambda: getattr(app.state, "services", None))
+    app.state.metrics = metrics
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return metrics

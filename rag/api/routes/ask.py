@@ -1,0 +1,147 @@
+"""POST /v1/collections/{id}/ask: a grounded answer, as one JSON body or server-sent events.
+
+The stream is three kinds of events, in order: one ``passages`` (what the model was given,
+numbered from [1]), any number of ``token`` (text as it is written), and one ``final``
+(answer, citations, usage, timings, finish reason). Errors found before the first token (bad
+input, unknown collection, overload) are ordinary HTTP errors, never a started stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from rag.answer import Answerer, AskRequest, Final, Prepared
+from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.schemas import PassageOut
+from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut
+from rag.engine.sequence import SamplingParams
+from rag.retrieve import Filter, Knobs
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["ask"])
+
+# How often a streaming answer checks that its client is still there.
+DISCONNECT_POLL_S = 0.1
+
+
+def ask_request(body: AskIn) -> AskRequest:
+    filt = None
+    if body.filter is not None:
+        ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
+        filt = Filter(document_ids=ids, metadata=body.filter.metadata)
+    return AskRequest(
+        question=body.question,
+        knobs=Knobs(
+            k=body.k,
+            ef_search=body.ef_search,
+            nprobe=body.nprobe,
+            exact=body.exact,
+            hybrid=body.hybrid,
+        ),  # fmt: skip
+        filter=filt,
+        params=SamplingParams(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=tuple(body.stop or ()),
+        ),  # fmt: skip
+        budget_ms=body.budget_ms,
+    )
+
+
+def passages_out(prep: Prepared) -> list[PassageOut]:
+    return [PassageOut(**asdict(p)) for p in prep.passages]
+
+
+def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
+    search = prep.search
+    return {
+        "answer": final.answer,
+        "citations": [CitationOut(**asdict(c)).model_dump() for c in final.citations],
+        "usage": UsageOut(**asdict(final.usage)).model_dump(),
+        "timings_ms": final.timings_ms,
+        "finish_reason": final.finish_reason,
+        "knobs": search.knobs if search else {},
+        "degradations": search.degraded if search else [],
+        "partial": search.partial if search else False,
+    }
+
+
+def sse(event: str, data: object) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+@router.post(
+    "/v1/collections/{collection_id}/ask",
+    response_model=AskOut,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def ask(
+    collection_id: str,
+    body: AskIn,
+    request: Request,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+) -> Any:
+    """Answer a question from the collection's documents, with citations. With `stream`, the
+    answer comes as server-sent events: `passages`, then `token`s, then `final`."""
+    answerer = Answerer(services)
+    prep = await answerer.prepare(principal.tenant_id, collection_id, ask_request(body))
+    if not body.stream:
+        final: Final | None = None
+        # aclosing: a client that goes away mid-answer cancels the generation too.
+        async with contextlib.aclosing(answerer.tokens(prep)) as tokens:
+            async for item in tokens:
+                if isinstance(item, Final):
+                    final = item
+        assert final is not None
+        return AskOut(passages=passages_out(prep), **final_out(prep, final))
+    cleanup = BackgroundTask(_cancel, services, prep)
+    return StreamingResponse(
+        _events(answerer, prep, request),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=cleanup,
+    )
+
+
+async def _events(answerer: Answerer, prep: Prepared, request: Request) -> AsyncIterator[bytes]:
+    watcher = asyncio.create_task(_watch_disconnect(request, answerer, prep))
+    tokens = answerer.tokens(prep)
+    try:
+        yield sse("passages", {"passages": [p.model_dump() for p in passages_out(prep)]})
+        async for item in tokens:
+            if isinstance(item, Final):
+                yield sse("final", final_out(prep, item))
+            else:
+                yield sse("token", {"text": item})
+    finally:
+        watcher.cancel()
+        await tokens.aclose()  # cancels the generation if it is still running
+
+
+async def _watch_disconnect(request: Request, answerer: Answerer, prep: Prepared) -> None:
+    """Cancel the generation as soon as the client goes away, even between tokens."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        if prep.stream is not None:
+            log.info("client went away; cancelling %s", prep.request_id)
+            answerer.services.engine.cancel(prep.request_id)
+
+
+async def _cancel(services: Any, prep: Prepared) -> None:
+    # Harmless when the generation already finished; frees it when the body never ran.
+    if prep.stream is not None:
+        services.engine.cancel(prep.request_id)

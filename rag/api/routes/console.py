@@ -1,0 +1,126 @@
+"""The web console: static files served by the API process itself, and the tuning route
+it draws the recall/latency curve from.
+
+The console is plain HTML/JS with no build step. Every console response carries a strict
+Content-Security-Policy: scripts and styles only from this origin, no inline script, images
+only from this origin or data: URLs, so nothing inside a document can load a remote resource
+or run script even if it were ever rendered by mistake.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, RedirectResponse
+from pydantic import BaseModel, Field
+
+from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.db import repo
+from rag.errors import NotFound
+
+router = APIRouter()
+
+STATIC = Path(__file__).resolve().parent.parent / "console"
+
+# The files the console is made of, and nothing else: no path from a request reaches the disk.
+FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+}
+
+CSP = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "font-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
+
+
+def _file(name: str) -> FileResponse:
+    if name not in FILES:
+        raise NotFound(f"no console file {name!r}")
+    return FileResponse(STATIC / name, media_type=FILES[name], headers=HEADERS)
+
+
+@router.get("/", include_in_schema=False)
+def root() -> RedirectResponse:
+    return RedirectResponse("/console", status_code=307)
+
+
+@router.get("/console", include_in_schema=False)
+def console() -> FileResponse:
+    return _file("index.html")
+
+
+@router.get("/console/{name}", include_in_schema=False)
+def console_file(name: str) -> FileResponse:
+    return _file(name)
+
+
+class TuningPoint(BaseModel):
+    knob: str | None = Field(description='"ef_search", "nprobe", or null for exact kinds')
+    value: int | None
+    recall: float
+    p50_ms: float
+    p99_ms: float
+
+
+class TuningOut(BaseModel):
+    """The last `rag tune` measurements of a collection, and its current search defaults."""
+
+    collection_id: str
+    kind: str
+    k: int
+    queries: int
+    target_recall: float
+    budget_ms: float | None
+    points: list[TuningPoint]
+    chosen: TuningPoint | None
+    applied: bool
+    measured_at: float | None
+    search_defaults: dict[str, Any]
+
+
+@router.get(
+    "/v1/collections/{collection_id}/tuning", response_model=TuningOut, tags=["collections"]
+)
+def get_tuning(collection_id: str, services: ServicesDep, principal: CurrentPrincipal) -> TuningOut:
+    """The recall-versus-latency measurements `rag tune` stored for the collection (404 when it
+    was never tuned). `search_defaults` are the knobs searches use now."""
+    with services.db.read() as session:
+        c = repo.get_collection(session, principal.tenant_id, collection_id)
+        if not c.tuning:
+            raise NotFound(f"collection {collection_id} has not been tuned: run `rag tune`")
+        t = c.tuning
+        return TuningOut(
+            collection_id=c.id,
+            kind=str(t.get("kind", c.index_kind)),
+            k=int(t.get("k", 10)),
+            queries=int(t.get("queries", 0)),
+            target_recall=float(t.get("target_recall", 0.0)),
+            budget_ms=t.get("budget_ms"),
+            points=[TuningPoint.model_validate(p) for p in t.get("points", [])],
+            chosen=TuningPoint.model_validate(t["chosen"]) if t.get("chosen") else None,
+            applied=bool(t.get("applied", False)),
+            measured_at=t.get("measured_at"),
+            search_defaults=dict(c.search_defaults or {}),
+        )

@@ -1,0 +1,117 @@
+"""Operations endpoints: /healthz (alive), /readyz (can serve), /metrics (Prometheus).
+
+/healthz and /readyz need no API key (probes carry none); neither says anything about any
+tenant's data. /metrics needs an admin key (Authorization: Bearer <admin key>, which
+Prometheus sends with `authorization: {credentials: ...}`), because collection ids and
+volumes are operational data; `metrics.public=true` opens it for a scraper on a private
+network. With `metrics.enabled=false` it answers 404.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select, text
+from starlette.concurrency import run_in_threadpool
+
+from rag import __version__
+from rag.api.deps import ServicesDep
+from rag.api.schemas import Health
+from rag.auth import authenticate, require_admin
+from rag.db.models import ChangeLog
+from rag.errors import NotFound
+from rag.metrics import CONTENT_TYPE
+from rag.services import Services
+
+router = APIRouter(tags=["ops"])
+log = logging.getLogger(__name__)
+
+
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    """Process alive. Needs no API key."""
+    return Health(status="ok", version=__version__)
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"description": "not ready: the body names the failed checks"}},
+)
+def readyz(services: ServicesDep) -> JSONResponse:
+    """Ready to serve: the database answers, the embedding model is loaded, and every open
+    vector index is caught up with the change log (not rebuilding, last catch-up finished).
+    200 with the checks, or 503 with the same body naming what failed. Needs no API key."""
+    checks = readiness(services)
+    ready = all(c["ok"] for c in checks.values())
+    body = {"status": "ready" if ready else "not ready", "checks": checks}
+    return JSONResponse(body, 200 if ready else 503)
+
+
+def readiness(services: Services) -> dict[str, dict[str, Any]]:
+    checks: dict[str, dict[str, Any]] = {}
+    try:
+        with services.db.read() as session:
+            session.execute(text("SELECT 1"))
+        checks["database"] = {"ok": True}
+    except Exception as exc:
+        log.warning("readiness: database unreachable: %s", type(exc).__name__)
+        checks["database"] = {"ok": False, "error": f"database unreachable ({type(exc).__name__})"}
+    try:
+        dim = services.embedder.dim
+        checks["embedder"] = {"ok": dim > 0, "model": services.embedder.model_id, "dim": dim}
+    except Exception as exc:
+        checks["embedder"] = {"ok": False, "error": f"embedding model not loaded: {exc}"}
+    checks["indexes"] = _indexes(services, database_ok=checks["database"]["ok"])
+    return checks
+
+
+def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
+    # Only indexes already open: a probe must not open (and build) every collection's index.
+    lives = dict(getattr(services.indexes, "_lives", {}))
+    behind: dict[str, str] = {}
+    for cid in lives:
+        state = services.indexes.state(cid)
+        if state.building:
+            behind[cid] = "rebuilding"
+        elif state.stale:
+            behind[cid] = "last catch-up did not finish"
+        elif database_ok:
+            with services.db.read() as session:
+                lag = session.scalar(
+                    select(func.count())
+                    .select_from(ChangeLog)
+                    .where(ChangeLog.collection_id == cid, ChangeLog.seq > state.watermark)
+                )
+            # A few changes committed since the last catch-up are normal (the background loop
+            # applies up to one batch per tick); more than a batch behind is not caught up.
+            if lag and lag > services.indexes.catch_up_batch:
+                behind[cid] = f"{lag} changes behind"
+    out: dict[str, Any] = {"ok": not behind, "open": len(lives)}
+    if behind:
+        out["error"] = "indexes not caught up"
+        out["behind"] = behind
+    return out
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+)
+async def metrics(
+    request: Request,
+    services: ServicesDep,
+    authorization: Annotated[str | None, Header(description="Bearer <admin key>")] = None,
+) -> Response:
+    """Prometheus metrics. Needs an admin key unless `metrics.public` is set."""
+    instruments = getattr(request.app.state, "metrics", None)
+    if instruments is None:
+        raise NotFound("metrics are turned off (metrics.enabled=false)")
+    if not services.settings.metrics.public:
+        principal = await run_in_threadpool(authenticate, services.db, authorization)
+        require_admin(principal)
+    body = await run_in_threadpool(instruments.render)
+    return Response(body, media_type=CONTENT_TYPE)

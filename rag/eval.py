@@ -1,0 +1,354 @@
+"""Retrieval and answer quality of a collection against BEIR-style judgements.
+
+Inputs (the BEIR layout):
+- queries.jsonl: one `{"_id": ..., "text": ...}` per line;
+- qrels.tsv: `query-id <TAB> corpus-id <TAB> score` with a header line; score > 0 is relevant
+  (graded scores are used as gains in nDCG);
+- answers.jsonl (optional): `{"_id": ..., "answer": ...}` per line (`query-id`/`qid` and
+  `text` are accepted too).
+
+Corpus ids name documents: a document's corpus id is its metadata key `_id` when it has one
+(upload with `metadata={"_id": "doc-17"}`), otherwise its filename, and its filename without
+the extension matches too (so `doc-17.txt` answers for corpus id `doc-17`).
+
+Retrieval metrics are per document: the ranking is the documents of the top passages, in
+order, each document once (a document's best passage places it). recall@k looks at the first
+k documents of a search for max(k, 10) passages; MRR@10 and nDCG@10 at the first 10 (linear
+gains, as trec_eval's ndcg_cut). Both at the collection's own knobs and at exact search.
+
+Answer metrics (only with answers): token F1 of the generated answer against the reference
+(SQuAD normalisation: lower case, no punctuation or articles), and citation precision: the
+share of cited passages whose document is relevant to the query, over queries with at least
+one citation. Answers come from an `AnswerFn`; `default_answer_fn` uses the service's ask path
+(`rag.answer`) when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from rag.db.models import Collection, Document
+from rag.errors import Invalid, NotFound
+from rag.retrieve import Knobs
+from rag.services import Services
+
+log = logging.getLogger(__name__)
+
+Qrels = dict[str, dict[str, int]]
+Progress = Callable[[Iterable[Any]], Iterable[Any]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the ask path gave for one query: the text and the document ids it cited."""
+
+    text: str
+    cited_document_ids: list[str]
+
+
+# (services, tenant_id, collection_id, question) -> Answer
+AnswerFn = Callable[[Services, str, str, str], Answer]
+
+
+@dataclass
+class Report:
+    collection_id: str
+    k: int
+    queries: int
+    retrieval: dict[str, dict[str, float]]  # setting ("collection", "exact") -> metric -> value
+    answers: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        names = [f"recall@{self.k}", "mrr@10", "ndcg@10"]
+        lines = [
+            f"collection {self.collection_id}, {self.queries} queries",
+            "",
+            f"{'setting':<12}" + "".join(f"{n:>12}" for n in names),
+        ]
+        for setting, values in self.retrieval.items():
+            lines.append(f"{setting:<12}" + "".join(f"{values[n]:>12.4f}" for n in names))
+        if self.answers:
+            lines.append("")
+            for name, value in self.answers.items():
+                lines.append(f"{name:<24}{value:>10.4f}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "collection_id": self.collection_id,
+            "k": self.k,
+            "queries": self.queries,
+            "retrieval": self.retrieval,
+            "answers": self.answers,
+            "notes": self.notes,
+        }
+
+
+# ---------------------------------------------------------------- reading the files
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out[str(row["_id"])] = str(row["text"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise Invalid(f"{path}:{n}: expected a JSON object with '_id' and 'text'") from None
+    return out
+
+
+def read_qrels(path: Path) -> Qrels:
+    out: Qrels = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split("\t") if "\t" in line else line.split()
+        if not parts or not line.strip():
+            continue
+        if len(parts) < 3:
+            raise Invalid(f"{path}:{n}: expected 'query-id corpus-id score'")
+        try:
+            score = int(float(parts[2]))
+        except ValueError:
+            if n == 1:
+                continue  # the header line
+            raise Invalid(f"{path}:{n}: score {parts[2]!r} is not a number") from None
+        out.setdefault(parts[0], {})[parts[1]] = score
+    return out
+
+
+def read_answers(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        qid = row.get("_id", row.get("query-id", row.get("qid")))
+        answer = row.get("answer", row.get("text"))
+        if qid is None or answer is None:
+            raise Invalid(f"{path}:{n}: expected '_id' and 'answer'")
+        out[str(qid)] = str(answer)
+    return out
+
+
+# ---------------------------------------------------------------- the metrics
+
+
+def recall_at(ranking: Sequence[str], relevant: dict[str, int], k: int) -> float:
+    wanted = {d for d, s in relevant.items() if s > 0}
+    if not wanted:
+        return 0.0
+    return len(wanted & set(ranking[:k])) / len(wanted)
+
+
+def mrr_at(ranking: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    for rank, doc in enumerate(ranking[:k], 1):
+        if relevant.get(doc, 0) > 0:
+            return 1.0 / rank
+    return 0.0
+
+
+def ndcg_at(ranking: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    dcg = sum(
+        max(relevant.get(doc, 0), 0) / math.log2(rank + 1)
+        for rank, doc in enumerate(ranking[:k], 1)
+    )
+    ideal = sorted((s for s in relevant.values() if s > 0), reverse=True)[:k]
+    idcg = sum(s / math.log2(rank + 1) for rank, s in enumerate(ideal, 1))
+    return dcg / idcg if idcg else 0.0
+
+
+def _normalize(text: str) -> list[str]:
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return text.split()
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    pred, ref = _normalize(prediction), _normalize(reference)
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def dedupe(ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(ids))
+
+
+# ---------------------------------------------------------------- running it
+
+
+def resolve_collection(
+    services: Services, name_or_id: str, tenant: str | None = None
+) -> Collection:
+    """A live collection by id, or by name (then unique across tenants unless `tenant`, a
+    tenant name, narrows it)."""
+    from rag.db.models import Tenant
+
+    with services.db.read() as session:
+        row = session.scalar(
+            select(Collection).where(Collection.id == name_or_id, Collection.deleted_at.is_(None))
+        )
+        if row is not None:
+            return row
+        stmt = select(Collection).where(
+            Collection.name == name_or_id, Collection.deleted_at.is_(None)
+        )
+        if tenant is not None:
+            stmt = stmt.join(Tenant, Tenant.id == Collection.tenant_id).where(Tenant.name == tenant)
+        rows = list(session.scalars(stmt))
+    if not rows:
+        raise NotFound(f"no collection {name_or_id!r}")
+    if len(rows) > 1:
+        raise Invalid(f"{len(rows)} tenants have a collection named {name_or_id!r}: use its id")
+    return rows[0]
+
+
+def corpus_ids(services: Services, collection_id: str) -> dict[str, set[str]]:
+    """document id -> the corpus ids it answers to (metadata `_id`, else filename and stem)."""
+    out: dict[str, set[str]] = {}
+    with services.db.read() as session:
+        rows = session.execute(
+            select(Document.id, Document.filename, Document.meta).where(
+                Document.collection_id == collection_id, Document.deleted_at.is_(None)
+            )
+        ).all()
+    for doc_id, filename, meta in rows:
+        if meta and meta.get("_id") is not None:
+            out[doc_id] = {str(meta["_id"])}
+        else:
+            out[doc_id] = {filename, Path(filename).stem}
+    return out
+
+
+def _ranking(
+    doc_ids: Iterable[str], names: dict[str, set[str]], relevant: dict[str, int]
+) -> list[str]:
+    """Document ids to corpus ids, in order, each once. A document with several names stands
+    for the relevant one when it has one."""
+    out = []
+    for doc_id in dedupe(doc_ids):
+        candidates = names.get(doc_id, {doc_id})
+        hit = next((c for c in sorted(candidates) if relevant.get(c, 0) > 0), None)
+        out.append(hit or min(candidates))
+    return out
+
+
+def evaluate(
+    services: Services,
+    collection: Collection,
+    queries: dict[str, str],
+    qrels: Qrels,
+    *,
+    k: int = 10,
+    answers: dict[str, str] | None = None,
+    answer_fn: AnswerFn | None = None,
+    progress: Progress = lambda items: items,
+) -> Report:
+    judged = [qid for qid in queries if qid in qrels]
+    notes = []
+    if len(judged) < len(queries):
+        notes.append(f"{len(queries) - len(judged)} queries have no judgements and were skipped")
+    if not judged:
+        raise Invalid("no query has a judgement in the qrels file")
+    names = corpus_ids(services, collection.id)
+    fetch = max(k, 10)
+    settings = {"collection": Knobs(k=fetch), "exact": Knobs(k=fetch, exact=True)}
+    sums = {s: {f"recall@{k}": 0.0, "mrr@10": 0.0, "ndcg@10": 0.0} for s in settings}
+    for qid in progress(judged):
+        relevant = qrels[qid]
+        for setting, knobs in settings.items():
+            result = services.retriever.search(
+                collection.tenant_id, collection.id, queries[qid], knobs
+            )
+            ranking = _ranking((p.document_id for p in result.passages), names, relevant)
+            sums[setting][f"recall@{k}"] += recall_at(ranking, relevant, k)
+            sums[setting]["mrr@10"] += mrr_at(ranking, relevant, 10)
+            sums[setting]["ndcg@10"] += ndcg_at(ranking, relevant, 10)
+    retrieval = {s: {m: v / len(judged) for m, v in vals.items()} for s, vals in sums.items()}
+    report = Report(collection.id, k, len(judged), retrieval, notes=notes)
+    if answers:
+        fn = answer_fn or default_answer_fn()
+        if fn is None:
+            notes.append("answer metrics skipped: the ask path (rag.answer) is not installed")
+        else:
+            report.answers = _answer_metrics(
+                services, collection, queries, qrels, answers, names, fn, progress
+            )
+    return report
+
+
+def _answer_metrics(
+    services: Services,
+    collection: Collection,
+    queries: dict[str, str],
+    qrels: Qrels,
+    answers: dict[str, str],
+    names: dict[str, set[str]],
+    fn: AnswerFn,
+    progress: Progress,
+) -> dict[str, float]:
+    asked = [qid for qid in queries if qid in answers]
+    f1_sum, precision_sum, cited_queries = 0.0, 0.0, 0
+    for qid in progress(asked):
+        got = fn(services, collection.tenant_id, collection.id, queries[qid])
+        f1_sum += token_f1(got.text, answers[qid])
+        if got.cited_document_ids:
+            relevant = qrels.get(qid, {})
+            # One citation per cited passage: the same document cited twice counts twice.
+            good = sum(
+                1
+                for doc_id in got.cited_document_ids
+                if any(relevant.get(c, 0) > 0 for c in names.get(doc_id, {doc_id}))
+            )
+            precision_sum += good / len(got.cited_document_ids)
+            cited_queries += 1
+    return {
+        "answer_token_f1": f1_sum / len(asked) if asked else 0.0,
+        "citation_precision": precision_sum / cited_queries if cited_queries else 0.0,
+        "answered": float(len(asked)),
+        "answers_with_citations": float(cited_queries),
+    }
+
+
+def default_answer_fn() -> AnswerFn | None:
+    """The service's ask path, if installed: `rag.answer.answer(services, tenant_id,
+    collection_id, question)` returning an object with `.text` and `.citations` (each with a
+    `document_id`). None when rag.answer is not importable."""
+    try:
+        from rag import answer as ask  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    entry = getattr(ask, "answer", None)
+    if entry is None:
+        return None
+
+    def run(services: Services, tenant_id: str, collection_id: str, question: str) -> Answer:
+        out = entry(services, tenant_id, collection_id, question)
+        if hasattr(out, "__await__"):
+            import asyncio
+
+            out = asyncio.run(out)  # type: ignore[arg-type]
+        cited = [str(c.document_id) for c in getattr(out, "citations", [])]
+        return Answer(str(getattr(out, "text", getattr(out, "answer", ""))), cited)
+
+    return run

@@ -1,0 +1,206 @@
+"""Prometheus metrics, in a registry of each app's own (tests build many apps in one process).
+
+Two kinds:
+- observed in the request path: latency per route template and per stage, status counts
+  (the API middleware and `observe_stages`);
+- read at scrape time by `ServiceCollector`: ingest queue and job outcomes from SQL, chunks
+  indexed per collection, the generator's scheduler and KV-cache figures (only once it is
+  loaded: a scrape never builds the engine).
+
+`observe_stages(prefix, timings_ms)` is what a route calls with the `timings_ms` its result
+carries; it reaches the current request's `Metrics` through a contextvar the middleware sets,
+and does nothing when metrics are off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+if TYPE_CHECKING:
+    from rag.services import Services
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STAGES = frozenset(
+    {"embed", "search", "hydrate", "fuse", "keyword", "rerank", "prefill", "first_token", "decode"}
+)
+# Seconds. Fine at the bottom: a stage such as fuse takes microseconds.
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+_current: ContextVar[Metrics | None] = ContextVar("rag_metrics", default=None)
+
+
+class Metrics:
+    """The instruments of one app."""
+
+    def __init__(self, services: Callable[[], Services | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.request_seconds = Histogram(
+            "rag_http_request_duration_seconds",
+            "Request latency by route template",
+            ["method", "route"],
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.responses = Counter(
+            "rag_http_responses",
+            "Responses by route template and status code",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "rag_stage_duration_seconds",
+            "Time of each stage of a search or an answer",
+            ["op", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(ServiceCollector(services))
+        # Labelled children, cached: `.labels()` costs more than an observation.
+        self._request_children: dict[tuple[str, str], Histogram] = {}
+        self._response_children: dict[tuple[str, str, int], Counter] = {}
+        self._stage_children: dict[tuple[str, str], Histogram] = {}
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        key = (method, route)
+        hist = self._request_children.get(key)
+        if hist is None:
+            hist = self._request_children[key] = self.request_seconds.labels(method, route)
+        hist.observe(seconds)
+        rkey = (method, route, status)
+        counter = self._response_children.get(rkey)
+        if counter is None:
+            counter = self.responses.labels(method, route, str(status))
+            self._response_children[rkey] = counter
+        counter.inc()
+
+    def observe_stages(self, prefix: str, timings_ms: Mapping[str, float]) -> None:
+        for stage, ms in timings_ms.items():
+            if stage not in STAGES:
+                continue  # "total" and anything unknown: the request histogram has those
+            key = (prefix, stage)
+            hist = self._stage_children.get(key)
+            if hist is None:
+                hist = self._stage_children[key] = self.stage_seconds.labels(prefix, stage)
+            hist.observe(ms / 1000.0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def activate(self) -> object:
+        """Make this the current request's metrics; returns a token for `deactivate`."""
+        return _current.set(self)
+
+    @staticmethod
+    def deactivate(token: object) -> None:
+        _current.reset(token)  # type: ignore[arg-type]
+
+
+def observe_stages(prefix: str, timings_ms: Mapping[str, float]) -> None:
+    """Record per-stage timings (milliseconds, as results report them) under `prefix`
+    ("search", "ask", ...). A no-op outside a request or with metrics off."""
+    metrics = _current.get()
+    if metrics is not None:
+        metrics.observe_stages(prefix, timings_ms)
+
+
+class ServiceCollector(Collector):
+    """The figures that are cheaper to read when scraped than to keep up to date."""
+
+    def __init__(self, services: Callable[[], Services | None]) -> None:
+        self._services = services
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed set: the collector is queried at scrape time only
+
+    def collect(self) -> Iterator[Metric]:
+        services = self._services()
+        if services is None:
+            return
+        try:
+            yield from _ingest_metrics(services)
+            yield from _chunk_metrics(services)
+        except Exception:  # a scrape must not fail because the database blinked
+            log.warning("could not read ingest metrics from the database", exc_info=True)
+            yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 0)
+        else:
+            yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 1)
+        if services.engine_loaded:
+            yield from _engine_metrics(services)
+
+
+def _ingest_metrics(services: Services) -> Iterator[Metric]:
+    from ingest.jobs import queue_depth
+
+    by_state = queue_depth(services.db)
+    yield GaugeMetricFamily(
+        "rag_ingest_queue_depth",
+        "Ingest jobs waiting or running",
+        by_state.get("queued", 0) + by_state.get("running", 0),
+    )
+    jobs = GaugeMetricFamily("rag_ingest_jobs", "Ingest jobs by state (outcomes)", labels=["state"])
+    for state in ("queued", "running", "done", "failed", "cancelled"):
+        jobs.add_metric([state], by_state.get(state, 0))
+    for state, n in by_state.items():
+        if state not in ("queued", "running", "done", "failed", "cancelled"):
+            jobs.add_metric([state], n)
+    yield jobs
+
+
+def _chunk_metrics(services: Services) -> Iterator[Metric]:
+    from rag.db.models import Document
+
+    stmt = (
+        select(Document.collection_id, func.coalesce(func.sum(Document.chunk_count), 0))
+        .where(Document.deleted_at.is_(None), Document.status == "indexed")
+        .group_by(Document.collection_id)
+    )
+    with services.db.read() as session:
+        rows = session.execute(stmt).all()
+    family = GaugeMetricFamily(
+        "rag_chunks_indexed", "Chunks of live, indexed documents", labels=["collection"]
+    )
+    for collection_id, n in rows:
+        family.add_metric([collection_id], int(n))
+    yield family
+
+
+def _engine_metrics(services: Services) -> Iterator[Metric]:
+    try:
+        m = services.engine.metrics()
+    except Exception:
+        log.warning("could not read the engine's metrics", exc_info=True)
+        return
+    seqs = GaugeMetricFamily(
+        "rag_engine_sequences", "Sequences by scheduler state", labels=["state"]
+    )
+    seqs.add_metric(["running"], m.running)
+    seqs.add_metric(["waiting"], m.waiting)
+    yield seqs
+    blocks = GaugeMetricFamily("rag_engine_kv_blocks", "Paged KV-cache blocks", labels=["state"])
+    blocks.add_metric(["used"], m.kv_blocks_used)
+    blocks.add_metric(["free"], m.kv_blocks_free)
+    yield blocks
+    yield GaugeMetricFamily(
+        "rag_engine_prefix_cache_hit_rate",
+        "Share of prompt blocks found in the prefix cache",
+        m.prefix_cache_hit_rate,
+    )
+    yield CounterMetricFamily(
+        "rag_engine_preemptions", "Sequences preempted (recomputed later)", m.preemptions
+    )
+    yield CounterMetricFamily("rag_engine_steps", "Scheduler steps run", m.steps)
+    yield GaugeMetricFamily(
+        "rag_engine_tokens_per_step", "Mean tokens scheduled per step", m.tokens_per_step
+    )
+    yield CounterMetricFamily("rag_engine_generated_tokens", "Tokens generated", m.generated_tokens)

@@ -1,0 +1,111 @@
+"""`rag tune` and `rag index rebuild` on a real collection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rag import tune
+from rag.db.models import Collection
+from tests.conftest import Api
+
+WORDS = [
+    "harbour",
+    "ferry",
+    "tide",
+    "keeper",
+    "lens",
+    "ship",
+    "storm",
+    "light",
+    "coast",
+    "chart",
+    "rope",
+    "sail",
+    "anchor",
+    "dock",
+    "pier",
+    "wave",
+    "gull",
+    "buoy",
+    "mast",
+    "hull",
+    "deck",
+    "cabin",
+    "oar",
+    "net",
+]
+
+
+def _fill(api: Api, n: int = 120) -> str:
+    import random
+
+    rng = random.Random(3)
+    cid = api.collection(api.a, index={"kind": "hnsw", "params": {"m": 8}})
+    jobs = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(40)) + f" entry {i}"
+        jobs.append(api.upload_text(api.a, cid, text)["job_id"])
+    for job in jobs:
+        assert api.wait_job(api.a, job)["state"] == "done"
+    return cid
+
+
+def test_tune_measures_a_sweep_and_applies_the_cheapest_setting(
+    sqlite_api: Api, tmp_path: Path
+) -> None:
+    api = sqlite_api
+    cid = _fill(api)
+    report = tune.tune(api.services, cid, n_queries=30, k=5, target_recall=0.9, apply=True)
+    assert report.kind == "hnsw"
+    values = [p.value for p in report.points]
+    assert values == sorted(values) and len(values) >= 5
+    assert all(0.0 <= p.recall <= 1.0 and p.p99_ms >= p.p50_ms > 0 for p in report.points)
+    assert report.points[-1].recall >= 0.9  # a wide enough beam finds the exact answers
+    chosen = report.chosen
+    assert chosen is not None and chosen.recall >= 0.9
+    # The cheapest: no smaller setting meets the target.
+    assert all(p.recall < 0.9 for p in report.points if (p.value or 0) < (chosen.value or 0))
+    with api.services.db.read() as s:
+        row = s.get(Collection, cid)
+        assert row is not None
+        assert row.search_defaults["ef_search"] == chosen.value
+        assert row.tuning is not None and len(row.tuning["points"]) == len(report.points)
+    # Searches now use the stored default.
+    out = api.client.post(
+        f"/v1/collections/{cid}/search", json={"query": "ferry", "k": 5}, headers=api.a
+    ).json()
+    assert out["knobs"]["ef_search"] == chosen.value
+    png = tune.draw(report, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "chosen" in report.table()
+
+
+def test_pareto_front() -> None:
+    P = tune.Point
+    pts = [
+        P("ef_search", 10, 0.8, 1, 2),
+        P("ef_search", 20, 0.9, 1, 3),
+        P("ef_search", 40, 0.85, 1, 4),
+        P("ef_search", 80, 0.99, 1, 5),
+    ]
+    assert [p.value for p in tune.pareto(pts)] == [10, 20, 80]
+    assert tune.choose(pts, 0.9, None).value == 20  # type: ignore[union-attr]
+    assert tune.choose(pts, 0.95, 4.0) is None
+
+
+def test_rag_index_rebuild_cli(sqlite_api: Api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from rag.cli import main
+
+    api = sqlite_api
+    cid = _fill(api, 30)
+    settings = api.services.settings
+    monkeypatch.setenv("RAG_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("RAG_DATABASE__URL", settings.database_url)
+    monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
+    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
+    assert main(["index", "rebuild", cid, "--kind", "faiss_flat"]) == 0
+    with api.services.db.read() as s:
+        row = s.get(Collection, cid)
+        assert row is not None and row.index_kind == "faiss_flat"
+    gens = list((settings.data_dir / "indexes" / cid).glob("gen-*"))
+    assert gens, "the rebuild wrote a snapshot generation"
