@@ -8,32 +8,10 @@ from rag import tune
 from rag.db.models import Collection
 from tests.conftest import Api
 
-WORDS = [
-    "harbour",
-    "ferry",
-    "tide",
-    "keeper",
-    "lens",
-    "ship",
-    "storm",
-    "light",
-    "coast",
-    "chart",
-    "rope",
-    "sail",
-    "anchor",
-    "dock",
-    "pier",
-    "wave",
-    "gull",
-    "buoy",
-    "mast",
-    "hull",
-    "deck",
-    "cabin",
-    "oar",
-    "net",
-]
+WORDS = (
+    "harbour ferry tide keeper lens ship storm light coast chart rope sail anchor "
+    "dock pier wave gull buoy mast hull deck cabin oar net"
+).split()
 
 
 def _fill(api: Api, n: int = 120) -> str:
