@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from rag.index.snapshot import Manifest, SnapshotStore
 log = logging.getLogger(__name__)
 
 _BUILD_BATCH = 5000
+# How often the background loop re-reads a collection's declared kind (seconds).
+SPEC_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class _Live:
     changes_since_snapshot: int = 0
     building: bool = False
     stale: bool = False
+    spec_checked_at: float = 0.0
 
     def __post_init__(self) -> None:
         # Held while changes are applied, snapshots written and rebuilds swapped in.
@@ -424,12 +428,31 @@ class IndexManager:
             self.snapshot(collection_id)
         return self._state(live)
 
+    def _declared_elsewhere(self, collection_id: str, live: _Live) -> bool:
+        """True when the collection row now declares another kind or parameters than the
+        live index has (`rag index rebuild` in another process, or another replica): every
+        replica then rebuilds from SQL into what the row says."""
+        now = time.monotonic()
+        if now - live.spec_checked_at < SPEC_CHECK_S:
+            return False
+        live.spec_checked_at = now
+        with self.db.read() as session:
+            spec = self._spec(session, collection_id)
+        if spec.auto:
+            return not live.auto
+        current = {k: v for k, v in live.index.params.items() if k in spec.params}
+        return spec.kind != live.index.kind or current != spec.params
+
     def _maintain(self, collection_id: str, live: _Live) -> None:
         if live.lock.locked():  # a search or snapshot is applying changes right now
             return
         self.catch_up(collection_id, wait_s=0)
         index = live.index
         n = len(index)
+        if not live.building and self._declared_elsewhere(collection_id, live):
+            log.info("index %s: the collection declares another kind; rebuilding", collection_id)
+            self.rebuild(collection_id)
+            return
         outgrown = live.auto and index.kind != default_kind_for(n) and n >= EXACT_MAX
         retrain = bool(getattr(index, "needs_retrain", False))
         tombstones = int(getattr(index, "deleted_count", 0))

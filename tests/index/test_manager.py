@@ -272,6 +272,34 @@ def test_second_process_sees_new_chunks(db: Database, seeder: Seeder, tmp_path: 
         b.close()
 
 
+def test_replicas_follow_the_kind_the_collection_declares(
+    db: Database, seeder: Seeder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rag index rebuild --kind` in one process (or another replica) changes the row; every
+    other replica notices and rebuilds itself from SQL."""
+    import rag.index.manager as manager_module
+
+    monkeypatch.setattr(manager_module, "SPEC_CHECK_S", 0.0)
+    cid = seeder.collection()
+    _, ids, vectors = seeder.document(cid, 8)
+    replica = IndexManager(db, tmp_path / "replica", MODEL, DIM)
+    try:
+        assert replica.get(cid).kind == "faiss_flat"
+        replica.start(interval_s=0.05)
+        with db.write() as s:
+            row = s.get(Collection, cid)
+            assert row is not None
+            row.index_kind, row.index_params = "hnsw", {"m": 8}
+        deadline = time.monotonic() + 10
+        while replica.get(cid).kind != "hnsw":
+            assert time.monotonic() < deadline, "the replica never rebuilt"
+            time.sleep(0.05)
+        assert replica.get(cid).params["m"] == 8
+        assert top1(replica, cid, vectors) == ids
+    finally:
+        replica.close()
+
+
 def test_background_catch_up_within_a_second(manager: IndexManager, seeder: Seeder) -> None:
     cid = seeder.collection()
     seeder.document(cid, 5)
