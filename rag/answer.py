@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -217,7 +217,7 @@ class Answerer:
 
     # ------------------------------------------------------------------ generate
 
-    async def tokens(self, prep: Prepared) -> AsyncIterator[str | Final]:
+    async def tokens(self, prep: Prepared) -> AsyncGenerator[str | Final, None]:
         """The answer's text as it is written, then one Final. Closing this iterator early
         (a client that went away) cancels the generation and frees its KV blocks."""
         if prep.stream is None:

@@ -211,8 +211,8 @@ def tune(
                 f"no setting reaches recall {target_recall}"
                 + (f" within {budget_ms} ms" if budget_ms else "")
             )
-        store(services, collection_id, report)
         report.applied = True
+        store(services, collection_id, report)
     else:
         with services.db.write() as s:
             row = s.get(Collection, collection_id)

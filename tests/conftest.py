@@ -153,8 +153,13 @@ class Api:
 
 
 @pytest.fixture
-def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
+def make_api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Api]]:
     clients: list[TestClient] = []
+
+    def close(client: TestClient) -> None:
+        if client in clients:
+            clients.remove(client)
+            client.__exit__(None, None, None)
 
     def factory(
         db_url: str | None, embedder: Embedder, engine: object | None = None, **ingest: object
@@ -165,11 +170,14 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
         client = TestClient(create_app(settings, services))
         client.__enter__()
         clients.append(client)
+        # Registered now, so it runs before the teardown of fixtures set up earlier (a
+        # PostgreSQL schema must outlive the workers polling it).
+        request.node.addfinalizer(lambda: close(client))
         return Api(client, services)
 
     yield factory
-    for client in clients:
-        client.__exit__(None, None, None)
+    for client in list(clients):
+        close(client)
 
 
 @pytest.fixture

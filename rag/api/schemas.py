@@ -26,7 +26,9 @@ class ChunkingIn(Request):
     overlap: int | None = Field(None, ge=0, le=256, description="tokens shared by neighbours")
 
 
-IndexKind = Literal["auto", "exact", "hnsw", "faiss-flat", "faiss-ivf", "faiss-hnsw", "faiss-sq8"]
+IndexKind = Literal[
+    "auto", "exact", "hnsw", "faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw"
+]
 
 
 class IndexIn(Request):

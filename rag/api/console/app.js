@@ -4,49 +4,18 @@
 // messages) is ever parsed as HTML. Everything is written with textContent or
 // createTextNode; the page's Content-Security-Policy forbids inline script and remote images
 // as a second line of defence.
-"use strict";
+import { drawChart } from "./chart.js";
+import { append, clear, el } from "./dom.js";
+import { kindOf, sseEvents, tokenText } from "./sse.js";
 
 (function () {
   const KEY = "ragserve.apiKey";
   const POLL_MS = 1000;
   const STATUSES = ["queued", "parsing", "embedding", "indexed", "failed"];
-  const SVG_NS = "http://www.w3.org/2000/svg";
 
   const $ = (id) => document.getElementById(id);
 
   // ------------------------------------------------------------------ small helpers
-
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [name, value] of Object.entries(attrs || {})) {
-      if (value === undefined || value === null || value === false) continue;
-      if (name === "class") node.className = value;
-      else if (name === "text") node.textContent = String(value);
-      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-      else node.setAttribute(name, value === true ? "" : String(value));
-    }
-    for (const child of children) append(node, child);
-    return node;
-  }
-
-  function svg(tag, attrs, text) {
-    const node = document.createElementNS(SVG_NS, tag);
-    for (const [name, value] of Object.entries(attrs || {})) {
-      if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-      else node.setAttribute(name, String(value));
-    }
-    if (text !== undefined) node.textContent = String(text);
-    return node;
-  }
-
-  function append(node, child) {
-    if (child === undefined || child === null || child === false) return;
-    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-
-  function clear(node) {
-    while (node.firstChild) node.removeChild(node.firstChild);
-  }
 
   function bytes(n) {
     if (n < 1024) return n + " B";
@@ -147,8 +116,8 @@
     const nav = $("crumbs");
     clear(nav);
     items.forEach((item, i) => {
-      if (i) append(nav, "›");
-      append(nav, item.href ? el("a", { href: item.href, text: item.text }) : item.text);
+      if (i) append(nav, el("span", { text: "›" }));
+      append(nav, item.href ? el("a", { href: item.href, text: item.text }) : el("span", { text: item.text }));
     });
   }
 
@@ -461,72 +430,6 @@
     $("citation").hidden = true;
   }
 
-  // Parse a server-sent-event stream read with fetch(): EventSource cannot POST.
-  async function* sseEvents(response) {
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
-        const ev = parseEvent(block);
-        if (ev) yield ev;
-      }
-    }
-    const ev = parseEvent(buffer);
-    if (ev) yield ev;
-  }
-
-  function parseEvent(block) {
-    let name = "message";
-    const data = [];
-    for (const line of block.split(/\r?\n/)) {
-      if (!line || line.startsWith(":")) continue;
-      const i = line.indexOf(":");
-      const field = i < 0 ? line : line.slice(0, i);
-      const value = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
-      if (field === "event") name = value;
-      else if (field === "data") data.push(value);
-    }
-    if (!data.length) return null;
-    const raw = data.join("\n");
-    if (raw === "[DONE]") return null;
-    let parsed;
-    try {
-      parsed = JSON.parse(raw);
-    } catch (_) {
-      parsed = { text: raw };
-    }
-    return { name, data: parsed };
-  }
-
-  // The event's role, from its name or else from its shape.
-  function kindOf(ev) {
-    const d = ev.data || {};
-    const n = ev.name;
-    if (n === "error" || (d.error && !d.citations)) return "error";
-    if (n === "passages" || n === "retrieval" || n === "context") return "passages";
-    if (n === "token" || n === "delta") return "token";
-    if (n === "done" || n === "final" || n === "end" || n === "citations") return "final";
-    if (Array.isArray(d.citations) || d.finish_reason) return "final";
-    if (Array.isArray(d.passages)) return "passages";
-    return "token";
-  }
-
-  function tokenText(d) {
-    if (typeof d === "string") return d;
-    if (typeof d.text === "string") return d.text;
-    if (typeof d.delta === "string") return d.delta;
-    if (typeof d.token === "string") return d.token;
-    if (typeof d.content === "string") return d.content;
-    return "";
-  }
-
   $("ask-form").addEventListener("submit", (event) => {
     event.preventDefault();
     ask($("ask-question").value.trim());
@@ -780,6 +683,7 @@
       t.target_recall + (t.budget_ms ? " within " + t.budget_ms + " ms" : "") +
       (measured ? " · measured " + measured : "");
 
+    $("tune-knob").textContent = (points.find((p) => p.knob) || {}).knob || "setting";
     const rows = $("tune-points");
     function draw() {
       drawChart($("tune-chart"), t, current, selected, (i) => {
@@ -807,12 +711,11 @@
             "tr",
             { class: i === current ? "current" : "", "data-value": p.value ?? "" },
             el("td", {}, radio),
-            el("td", { text: p.knob || "—" }),
             el("td", { text: p.value ?? "—" }),
             el("td", { text: p.recall.toFixed(3) }),
             el("td", { text: p.p50_ms.toFixed(2) }),
             el("td", { text: p.p99_ms.toFixed(2) }),
-            el("td", { class: "muted", text: notes.join(", ") })
+            el("td", { class: "muted note", text: notes.join(", ") })
           )
         );
       });
@@ -842,64 +745,6 @@
       await showTune(t.collection_id);
       $("tune-status").textContent = "Searches now use " + p.knob + "=" + p.value + " by default.";
     };
-  }
-
-  // The recall-versus-p99-latency curve as an inline SVG.
-  function drawChart(box, t, current, selected, onPick) {
-    clear(box);
-    const W = 640, H = 380, L = 58, R = 18, T = 18, B = 46;
-    const pts = t.points;
-    const xs = pts.map((p) => p.p99_ms);
-    const ys = pts.map((p) => p.recall).concat([t.target_recall]);
-    let x0 = 0, x1 = Math.max(...xs, 0.001) * 1.1;
-    let y0 = Math.max(0, Math.min(...ys) - 0.05), y1 = 1.0;
-    if (y1 - y0 < 0.05) y0 = y1 - 0.05;
-    const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
-    const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
-    const s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "recall versus p99 latency" });
-
-    for (let i = 0; i <= 5; i++) {
-      const yv = y0 + ((y1 - y0) * i) / 5;
-      s.appendChild(svg("line", { class: "grid-line", x1: L, x2: W - R, y1: sy(yv), y2: sy(yv) }));
-      s.appendChild(svg("text", { x: L - 6, y: sy(yv) + 4, "text-anchor": "end" }, yv.toFixed(2)));
-      const xv = x0 + ((x1 - x0) * i) / 5;
-      s.appendChild(svg("line", { class: "grid-line", x1: sx(xv), x2: sx(xv), y1: T, y2: H - B }));
-      s.appendChild(svg("text", { x: sx(xv), y: H - B + 16, "text-anchor": "middle" }, xv.toFixed(xv < 10 ? 2 : 0)));
-    }
-    s.appendChild(svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-    s.appendChild(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
-    s.appendChild(svg("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, "p99 latency per search (ms)"));
-    s.appendChild(
-      svg("text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" },
-        "recall@" + t.k)
-    );
-    const ty = sy(t.target_recall);
-    s.appendChild(svg("line", { class: "target", x1: L, x2: W - R, y1: ty, y2: ty }));
-    s.appendChild(svg("text", { x: W - R - 4, y: ty - 5, "text-anchor": "end" }, "target " + t.target_recall));
-
-    const order = pts.map((p, i) => i).sort((a, b) => (pts[a].value ?? 0) - (pts[b].value ?? 0));
-    const d = order.map((i, j) => (j ? "L" : "M") + sx(pts[i].p99_ms).toFixed(1) + " " + sy(pts[i].recall).toFixed(1)).join(" ");
-    if (pts.length > 1) s.appendChild(svg("path", { class: "curve", d }));
-
-    pts.forEach((p, i) => {
-      const cx = sx(p.p99_ms), cy = sy(p.recall);
-      if (i === current) {
-        s.appendChild(svg("circle", { class: "current-ring", cx, cy, r: 11 }));
-        s.appendChild(svg("text", { class: "label-current", x: cx + 14, y: cy + 16 }, "current default"));
-      }
-      const dot = svg("circle", {
-        class: "pt" + (i === selected ? " selected" : "") + (i === current ? " current" : ""),
-        cx, cy, r: 6, "data-index": i,
-        onclick: () => p.knob && onPick(i),
-      });
-      dot.appendChild(svg("title", {}, (p.knob ? p.knob + "=" + p.value + ": " : "") +
-        "recall " + p.recall.toFixed(3) + ", p99 " + p.p99_ms.toFixed(2) + " ms"));
-      s.appendChild(dot);
-      if (p.value !== null && p.value !== undefined) {
-        s.appendChild(svg("text", { x: cx + 8, y: cy - 8 }, String(p.value)));
-      }
-    });
-    box.appendChild(s);
   }
 
   // ------------------------------------------------------------------ start

@@ -29,6 +29,9 @@ FILES = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
+    "dom.js": "text/javascript; charset=utf-8",
+    "sse.js": "text/javascript; charset=utf-8",
+    "chart.js": "text/javascript; charset=utf-8",
 }
 
 CSP = "; ".join(

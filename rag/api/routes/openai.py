@@ -93,7 +93,11 @@ def models(services: ServicesDep, principal: CurrentPrincipal) -> ModelList:
         ]
     data.append(
         ModelOut(
-            id=generator_model(services.settings), created=0, owned_by="ragserve", kind="generator"
+            id=generator_model(services.settings),
+            created=0,
+            owned_by="ragserve",
+            name=None,
+            kind="generator",
         )
     )
     return ModelList(data=data)
