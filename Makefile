@@ -40,7 +40,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix rag ingest tests bench migrations
 
 bench: setup
-	for script in bench/*.py; do $(PY) $$script --quick || exit 1; done
+	$(PY) bench/run_all.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,4 +1,5 @@
-"""Misbehaving parse functions for tests of `parse_isolated` (run in the child by name).
+"""Misbehaving parse functions for tests of `ingest.isolate.parse_isolated` (run in the
+child by name).
 
 Each has the signature of `ingest.parse.parse`; point `parse_isolated(..., parse_fn=...)` at
 "ingest._testing:<name>". Harmless to ship: nothing calls them unless asked to by name.

@@ -13,24 +13,16 @@ the result comes back as JSON, never pickle, so a compromised parser cannot reac
 
 from __future__ import annotations
 
-import importlib
 import io
-import json
 import logging
-import math
-import os
 import re
-import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, decode_text
-from rag.errors import ParseError, RagError, UnsupportedMediaType
+from rag.errors import ParseError, UnsupportedMediaType
 
 if TYPE_CHECKING:
     from docx.table import Table
@@ -40,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_PARSE_FN = "ingest.parse:parse"
-_EXIT_MEMORY = 3
 _XML_READ_BYTES = 1 << 16
 
 
@@ -138,7 +129,7 @@ class _TextBuilder:
     def _append(self, piece: str) -> None:
         self.length += len(piece)
         if self.length > self.max_chars:
-            raise ParseError(_too_long(self.max_chars))
+            raise ParseError(too_long(self.max_chars))
         self.parts.append(piece)
 
     def _close_heading(self) -> None:
@@ -154,7 +145,7 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _too_long(max_chars: int) -> str:
+def too_long(max_chars: int) -> str:
     return f"the document's text is longer than the limit of {max_chars:,} characters"
 
 
@@ -164,7 +155,7 @@ def _decode(data: bytes, max_chars: int) -> str:
     except UnsupportedMediaType as exc:
         raise ParseError(exc.message) from None
     if len(text) > max_chars:
-        raise ParseError(_too_long(max_chars))
+        raise ParseError(too_long(max_chars))
     return text
 
 
@@ -373,147 +364,3 @@ def _scan_xml(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int) -> i
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError):
         raise ParseError(f"the .docx part {info.filename!r} could not be unpacked") from None
     return read
-
-
-# --- isolation -----------------------------------------------------------------------------
-
-_CHILD_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from ingest.parse import _child_main; _child_main()"
-)
-
-
-def parse_isolated(
-    data: bytes, media_type: str, limits: ParseLimits, *, parse_fn: str = DEFAULT_PARSE_FN
-) -> ParsedText:
-    """`parse` in a child interpreter under the time and memory limits.
-
-    `parse_fn` ("module:function") is what the child runs; tests point it at `ingest._testing`.
-    """
-    header = {"media_type": media_type, "limits": asdict(limits), "parse_fn": parse_fn}
-    root = str(Path(__file__).resolve().parent.parent)
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout:
-        stdin.write(json.dumps(header).encode() + b"\n")
-        stdin.write(data)
-        stdin.seek(0)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD_BOOT, root],
-            stdin=stdin,
-            stdout=stdout,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
-        try:
-            returncode = proc.wait(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            log.info("parse of %s timed out after %g s", media_type, limits.timeout_s)
-            raise ParseError(f"parsing timed out after {limits.timeout_s:g} s") from None
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        return _read_result(returncode, stdout, media_type, limits)
-
-
-def _read_result(
-    returncode: int, out: IO[bytes], media_type: str, limits: ParseLimits
-) -> ParsedText:
-    if returncode == _EXIT_MEMORY:
-        raise ParseError(f"parsing exceeded the memory limit of {limits.memory_mb} MB")
-    if returncode == -9 or returncode == -24:  # SIGKILL (OOM killer), SIGXCPU (CPU limit)
-        raise ParseError("the parser was killed (out of memory or CPU time)")
-    if returncode != 0:
-        log.warning("parser child for %s exited with %d", media_type, returncode)
-        raise ParseError(f"the parser crashed (exit status {returncode})")
-    size = out.seek(0, os.SEEK_END)
-    if size > 6 * limits.max_text_chars + (1 << 20):
-        raise ParseError("the parser produced more output than allowed")
-    out.seek(0)
-    try:
-        payload = json.loads(out.read())
-    except ValueError:
-        raise ParseError("the parser returned no result") from None
-    if not payload.get("ok"):
-        raise ParseError(str(payload.get("error", "parsing failed")))
-    text = str(payload["text"])
-    if len(text) > limits.max_text_chars:
-        raise ParseError(_too_long(limits.max_text_chars))
-    sections = tuple(Section(**s) for s in payload["sections"])
-    return ParsedText(text, str(payload["media_type"]), sections, payload["page_count"])
-
-
-def _child_main() -> None:
-    """Entry point of the parser child: header line + document on stdin, JSON on stdout."""
-    stdin = sys.stdin.buffer
-    header = json.loads(stdin.readline())
-    data = stdin.read()
-    try:
-        payload = _run_child(header, data)
-        out = json.dumps(payload, ensure_ascii=False).encode("utf-8", "replace")
-    except MemoryError:
-        os._exit(_EXIT_MEMORY)
-    sys.stdout.buffer.write(out)
-    sys.stdout.buffer.flush()
-    os._exit(0)
-
-
-def _run_child(header: dict[str, Any], data: bytes) -> dict[str, object]:
-    limits = ParseLimits(**header["limits"])
-    try:
-        parse_fn = _load(header["parse_fn"])
-        _preload(header["media_type"])
-        _limit_resources(limits)
-        result = parse_fn(data, header["media_type"], limits)
-        if len(result.text) > limits.max_text_chars:
-            raise ParseError(_too_long(limits.max_text_chars))
-        return {"ok": True, **asdict(result)}
-    except RagError as exc:
-        return {"ok": False, "error": exc.message}
-    except RecursionError:
-        return {"ok": False, "error": "the document is nested too deeply"}
-    except MemoryError:
-        raise
-    except Exception as exc:  # a parser bug or a file no parser expected: fail the file
-        return {"ok": False, "error": f"the parser failed ({type(exc).__name__})"}
-
-
-def _load(dotted: str) -> ParseFn:
-    module_name, _, name = dotted.partition(":")
-    fn: ParseFn = getattr(importlib.import_module(module_name), name)
-    return fn
-
-
-def _preload(media_type: str) -> None:
-    """Import the parser's libraries before the memory limit, so the limit is for the parse."""
-    modules = {HTML: ["bs4"], PDF: ["pypdf"], DOCX: ["docx"], MARKDOWN: ["markdown_it"]}
-    for name in modules.get(media_type, []):
-        importlib.import_module(name)
-
-
-def _limit_resources(limits: ParseLimits) -> None:
-    import resource
-
-    cap = _address_space_bytes() + limits.memory_mb * 1024 * 1024
-    _set_limit(resource.RLIMIT_AS, cap)
-    # CPU time backs up the parent's wall clock: SIGXCPU, then SIGKILL a second later.
-    _set_limit(resource.RLIMIT_CPU, math.ceil(limits.timeout_s) + 1, slack=1)
-    _set_limit(resource.RLIMIT_CORE, 0)
-
-
-def _set_limit(kind: int, value: int, *, slack: int = 0) -> None:
-    import resource
-
-    _soft, hard = resource.getrlimit(kind)
-    new_hard = value + slack
-    if hard != resource.RLIM_INFINITY:
-        value, new_hard = min(value, hard), min(new_hard, hard)
-    resource.setrlimit(kind, (value, new_hard))
-
-
-def _address_space_bytes() -> int:
-    """The child's address space now: interpreter, libraries and the input already read."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 512 * 1024 * 1024
-    return pages * os.sysconf("SC_PAGE_SIZE")

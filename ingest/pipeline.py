@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 from ingest import jobs
 from ingest.chunk import chunk_text
+from ingest.isolate import parse_isolated
 from ingest.jobs import ChunkRow, ClaimedJob
-from ingest.parse import ParseLimits, parse, parse_isolated
+from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
 from rag.db import Database
 from rag.embed import Embedder

@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply", action="store_true", help="store the chosen setting")
     p.set_defaults(func=cmd_tune)
 
-    for module in ("rag.engine.cli", "rag.ask_cli"):
+    for module in ("rag.engine.cli", "rag.ask_cli", "rag.eval_cli", "rag.ingest_cli"):
         try:
             register = __import__(module, fromlist=["register"]).register
         except ImportError:

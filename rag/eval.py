@@ -82,7 +82,8 @@ class Report:
         if self.answers:
             lines.append("")
             for name, value in self.answers.items():
-                lines.append(f"{name:<24}{value:>10.4f}")
+                counted = name in ("answered", "answers_with_citations")
+                lines.append(f"{name:<24}{int(value) if counted else f'{value:.4f}':>10}")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -331,24 +332,19 @@ def _answer_metrics(
 
 
 def default_answer_fn() -> AnswerFn | None:
-    """The service's ask path, if installed: `rag.answer.answer(services, tenant_id,
-    collection_id, question)` returning an object with `.text` and `.citations` (each with a
-    `document_id`). None when rag.answer is not importable."""
+    """The service's ask path (`rag.answer.answer`, the code behind POST .../ask) at the
+    collection's knobs and the default sampling settings; None when it is not installed."""
     try:
-        from rag import answer as ask  # type: ignore[attr-defined]
+        from rag.answer import AskRequest, answer
     except ImportError:
         return None
-    entry = getattr(ask, "answer", None)
-    if entry is None:
-        return None
+    import asyncio
+
+    loop = asyncio.new_event_loop()  # one loop for the whole run: the engine keeps state
 
     def run(services: Services, tenant_id: str, collection_id: str, question: str) -> Answer:
-        out = entry(services, tenant_id, collection_id, question)
-        if hasattr(out, "__await__"):
-            import asyncio
-
-            out = asyncio.run(out)  # type: ignore[arg-type]
-        cited = [str(c.document_id) for c in getattr(out, "citations", [])]
-        return Answer(str(getattr(out, "text", getattr(out, "answer", ""))), cited)
+        request = AskRequest(question=question)
+        _, final = loop.run_until_complete(answer(services, tenant_id, collection_id, request))
+        return Answer(final.answer, [c.document_id for c in final.citations])
 
     return run

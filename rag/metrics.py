@@ -31,8 +31,13 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STAGES = frozenset(
-    {"embed", "search", "hydrate", "fuse", "keyword", "rerank", "prefill", "first_token", "decode"}
-)
+    {
+        # search
+        "embed", "search", "keyword", "fuse", "hydrate", "rerank",
+        # ask: retrieval (reported as "retrieve.<stage>"), then the generator
+        "prompt", "prefill", "first_token", "decode", "generate", "cite",
+    }
+)  # fmt: skip
 # Seconds. Fine at the bottom: a stage such as fuse takes microseconds.
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -85,7 +90,12 @@ class Metrics:
         counter.inc()
 
     def observe_stages(self, prefix: str, timings_ms: Mapping[str, float]) -> None:
-        for stage, ms in timings_ms.items():
+        timings = dict(timings_ms)
+        if "decode" not in timings and "generate" in timings and "first_token" in timings:
+            # The ask path reports submit→first token and submit→last token.
+            timings["decode"] = max(0.0, timings["generate"] - timings["first_token"])
+        for name, ms in timings.items():
+            stage = name.rpartition(".")[2]  # "retrieve.embed" -> "embed"
             if stage not in STAGES:
                 continue  # "total" and anything unknown: the request histogram has those
             key = (prefix, stage)

@@ -193,6 +193,11 @@ class IndexManager:
             self._builds[collection_id] = future
         return future
 
+    def open_collections(self) -> list[str]:
+        """Collections whose index is loaded in this process."""
+        with self._lock:
+            return list(self._lives)
+
     def forget(self, collection_id: str) -> None:
         """Drop the in-memory index (a deleted collection); snapshots stay until pruned."""
         with self._lock:

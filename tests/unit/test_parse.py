@@ -15,7 +15,8 @@ from reportlab.lib.pagesizes import A4
 from reportlab.pdfgen import canvas
 
 from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT
-from ingest.parse import ParseLimits, parse, parse_isolated
+from ingest.isolate import parse_isolated
+from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
 from rag.errors import ParseError, UnsupportedMediaType
 

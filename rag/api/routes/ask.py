@@ -25,6 +25,7 @@ from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import PassageOut
 from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut
 from rag.engine.sequence import SamplingParams
+from rag.metrics import observe_stages
 from rag.retrieve import Filter, Knobs
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ def passages_out(prep: Prepared) -> list[PassageOut]:
 
 
 def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
+    # Called once per answer on both paths (JSON and SSE): the place to record its stages.
+    observe_stages("ask", final.timings_ms)
     search = prep.search
     return {
         "answer": final.answer,

@@ -70,7 +70,7 @@ def readiness(services: Services) -> dict[str, dict[str, Any]]:
 
 def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
     # Only indexes already open: a probe must not open (and build) every collection's index.
-    lives = dict(getattr(services.indexes, "_lives", {}))
+    lives = services.indexes.open_collections()
     behind: dict[str, str] = {}
     for cid in lives:
         state = services.indexes.state(cid)

@@ -1,0 +1,40 @@
+"""A generator stand-in for the ops tests: streams a fixed answer, records its prompts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+
+
+class RecordingEngine:
+    def __init__(self, answer: str = "It leaves at nine [1].") -> None:
+        self.answer = answer
+        self.max_model_len = 2048
+        self.prompts: list[Any] = []
+
+    def submit(
+        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[TokenEvent]:
+        self.prompts.append(prompt)
+        return self._stream(request_id or "ops")
+
+    async def _stream(self, rid: str) -> AsyncIterator[TokenEvent]:
+        words = self.answer.split(" ")
+        for i, word in enumerate(words):
+            yield TokenEvent(rid, word if i == 0 else " " + word, (i,))
+        yield TokenEvent(rid, "", (), FinishReason.STOP, Usage(10, 0, len(words)))
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    def metrics(self) -> EngineMetrics:
+        return EngineMetrics(
+            running=0, waiting=0, kv_blocks_used=0, kv_blocks_free=0, kv_blocks_total=0,
+            prefix_cache_hit_rate=0.0, preemptions=0, steps=0, tokens_per_step=0.0,
+            generated_tokens=0,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,228 @@
+"""/metrics, /healthz, /readyz and request ids through the real app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fastapi import APIRouter
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from rag.api.app import create_app
+from rag.embed import HashEmbedder
+from rag.logs import request_id
+from rag.metrics import observe_stages
+from rag.services import build_services
+from tests.conftest import ADMIN, Api, make_settings
+
+
+def _scrape(client: TestClient, headers: dict[str, str] = ADMIN) -> dict[tuple, float]:
+    r = client.get("/metrics", headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out: dict[tuple, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _value(samples: dict[tuple, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+SEARCH = "/v1/collections/{collection_id}/search"
+
+
+def test_metrics_parse_and_counters_move(api: Api) -> None:
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    before = _scrape(api.client)
+    for _ in range(3):
+        r = api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+        assert r.status_code == 200
+    r = api.client.post("/v1/collections/nope/search", json={"query": "x"}, headers=api.a)
+    assert r.status_code == 404
+    after = _scrape(api.client)
+    ok = {"method": "POST", "route": SEARCH, "status": "200"}
+    assert (
+        _value(after, "rag_http_responses_total", **ok)
+        - _value(before, "rag_http_responses_total", **ok)
+        == 3
+    )
+    # The route template is the label, never the raw path with its ids.
+    assert _value(after, "rag_http_responses_total", method="POST", route=SEARCH, status="404") == 1
+    assert not any(cid in str(key) and "http" in key[0] for key in after)
+    count = "rag_http_request_duration_seconds_count"
+    assert (
+        _value(after, count, method="POST", route=SEARCH)
+        - _value(before, count, method="POST", route=SEARCH)
+        == 4
+    )
+    # Scrape-time figures from SQL.
+    assert _value(after, "rag_ingest_jobs", state="done") == 1
+    assert _value(after, "rag_ingest_queue_depth") == 0
+    assert _value(after, "rag_chunks_indexed", collection=cid) == 1
+    assert _value(after, "rag_metrics_database_up") == 1
+    # The engine is never built by a scrape.
+    assert not api.services.engine_loaded
+    assert not any(key[0].startswith("rag_engine") for key in after)
+
+
+def test_unmatched_paths_share_one_label(sqlite_api: Api) -> None:
+    api = sqlite_api
+    for i in range(3):
+        assert api.client.get(f"/no/such/path/{i}").status_code == 404
+    after = _scrape(api.client)
+    assert (
+        _value(after, "rag_http_responses_total", method="GET", route="unmatched", status="404")
+        == 3
+    )
+
+
+def test_metrics_needs_an_admin_key_unless_public(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder, tmp_path: Path
+) -> None:
+    api = make_api(sqlite_url, hash_embedder)
+    assert api.client.get("/metrics").status_code == 401
+    assert api.client.get("/metrics", headers=api.a).status_code == 403
+    assert api.client.get("/metrics", headers=ADMIN).status_code == 200
+    # Health and readiness need no key.
+    assert api.client.get("/healthz").status_code == 200
+    assert api.client.get("/readyz").status_code == 200
+    settings = make_settings(tmp_path / "public", None)
+    settings.metrics.public = True
+    services = build_services(settings, embedder=hash_embedder)
+    with TestClient(create_app(settings, services)) as client:
+        assert client.get("/metrics").status_code == 200
+    settings = make_settings(tmp_path / "off", None)
+    settings.metrics.enabled = False
+    services = build_services(settings, embedder=hash_embedder)
+    with TestClient(create_app(settings, services)) as client:
+        assert client.get("/metrics", headers=ADMIN).status_code == 404
+        assert "x-request-id" not in client.get("/healthz").headers
+
+
+def test_stage_timings_and_request_ids(tmp_path: Path, hash_embedder: HashEmbedder) -> None:
+    settings = make_settings(tmp_path, None)
+    services = build_services(settings, embedder=hash_embedder)
+    app = create_app(settings, services)
+    probe = APIRouter()
+
+    @probe.get("/probe")
+    def _probe() -> dict[str, str]:  # a sync route: runs in the thread pool
+        observe_stages("search", {"embed": 3.0, "search": 1.5, "total": 5.0})
+        return {"request_id": request_id.get()}
+
+    app.include_router(probe)
+    with TestClient(app) as client:
+        r = client.get("/probe", headers={"X-Request-ID": "abc-123.x"})
+        assert r.headers["x-request-id"] == "abc-123.x"
+        assert r.json()["request_id"] == "abc-123.x"
+        # Not sane: replaced by a fresh id, which is echoed and seen inside the route.
+        r = client.get("/probe", headers={"X-Request-ID": "bad id\twith spaces"})
+        fresh = r.headers["x-request-id"]
+        assert fresh != "bad id\twith spaces" and len(fresh) == 32
+        assert r.json()["request_id"] == fresh
+        assert client.get("/probe").headers["x-request-id"] != fresh
+        # Errors carry the id too.
+        assert "x-request-id" in client.get("/v1/collections", headers={}).headers
+        samples = _scrape(client)
+    count = "rag_stage_duration_seconds_count"
+    assert _value(samples, count, op="search", stage="embed") == 3
+    assert _value(samples, count, op="search", stage="search") == 3
+    assert _value(samples, count, op="search", stage="total") == 0
+    assert _value(
+        samples, "rag_stage_duration_seconds_sum", op="search", stage="embed"
+    ) == pytest.approx(0.009)
+    # The ask path's names: retrieval stages under "retrieve.", decode derived.
+    from rag.metrics import Metrics
+
+    metrics = Metrics(lambda: None)
+    metrics.observe_stages(
+        "ask", {"retrieve.embed": 2.0, "retrieve": 9.0, "first_token": 30.0, "generate": 90.0}
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+    }
+    assert _value(samples, count, op="ask", stage="embed") == 1
+    assert _value(
+        samples, "rag_stage_duration_seconds_sum", op="ask", stage="decode"
+    ) == pytest.approx(0.060)
+    assert _value(samples, count, op="ask", stage="retrieve") == 0
+    # Outside a request it is a no-op.
+    observe_stages("search", {"embed": 1.0})
+
+
+class _FakeEngine:
+    def metrics(self):  # type: ignore[no-untyped-def]
+        from rag.engine.engine import EngineMetrics
+
+        return EngineMetrics(
+            running=2,
+            waiting=3,
+            kv_blocks_used=10,
+            kv_blocks_free=90,
+            kv_blocks_total=100,
+            prefix_cache_hit_rate=0.25,
+            preemptions=4,
+            steps=50,
+            tokens_per_step=12.5,
+            generated_tokens=600,
+        )
+
+
+def test_engine_figures_once_loaded(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder
+) -> None:
+    api = make_api(sqlite_url, hash_embedder, engine=_FakeEngine())
+    samples = _scrape(api.client)
+    assert _value(samples, "rag_engine_sequences", state="running") == 2
+    assert _value(samples, "rag_engine_sequences", state="waiting") == 3
+    assert _value(samples, "rag_engine_kv_blocks", state="used") == 10
+    assert _value(samples, "rag_engine_kv_blocks", state="free") == 90
+    assert _value(samples, "rag_engine_prefix_cache_hit_rate") == 0.25
+    assert _value(samples, "rag_engine_preemptions_total") == 4
+    assert _value(samples, "rag_engine_tokens_per_step") == 12.5
+
+
+def test_readyz_ready_then_database_gone(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: HashEmbedder
+) -> None:
+    api = make_api(db_url, hash_embedder)
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    api.wait_job(api.a, item["job_id"])
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    r = api.client.get("/readyz")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ready"
+    assert body["checks"]["database"]["ok"] and body["checks"]["embedder"]["ok"]
+    assert body["checks"]["indexes"] == {"ok": True, "open": 1}
+    # Point the services at a database that is not there.
+    from rag.db import Database
+
+    good = api.services.db
+    if good.is_sqlite:
+        bad = Database(f"sqlite:///{Path(str(good.url.database)).parent / 'gone' / 'x.db'}")
+        Path(str(bad.url.database)).parent.rmdir()
+    else:
+        bad = Database("postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=2")
+    api.services.db = bad
+    try:
+        r = api.client.get("/readyz")
+    finally:
+        api.services.db = good
+        bad.dispose()
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "not ready"
+    assert body["checks"]["database"]["ok"] is False
+    assert "unreachable" in body["checks"]["database"]["error"]
+    assert api.client.get("/healthz").status_code == 200
