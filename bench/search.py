@@ -1,0 +1,710 @@
+"""Retrieval benchmark: the figures of issue 3 except retrieval quality (bench/quality.py).
+
+    python bench/search.py [--quick] [--large N] [--queries N] [--http-chunks N] ...
+
+1. recall@10 against queries/s for every index kind and knob setting, at the 24,576 real
+   MiniLM vectors and at a large synthetic set (1M; `--quick`: 100k), single queries, one thread;
+2. the index layer's overhead: `index.search` against the bare hnswlib / faiss call on the same
+   index object at the same knobs, single queries, interleaved (ratio of medians);
+3. `POST /v1/collections/{id}/search` over real HTTP (uvicorn on loopback) on a SQLite
+   collection of 100k chunks (`--quick`: 25k), query embedding included: p50, p99, recall@10
+   against exact search over the same rows;
+4. chromadb (embedded, default HNSW settings) on the same corpus and query vectors.
+
+Ends with, one per line: FIGURE recall_at_10_default, FIGURE index_overhead_ratio,
+FIGURE search_http_p99_ms, FIGURE chroma_p99_over_ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import hashlib
+import io
+import logging
+import os
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._data import (  # noqa: E402
+    F32,
+    I64,
+    RealSet,
+    exact_topk,
+    load_real,
+    percentile,
+    recall_at_k,
+    synthesize,
+    table,
+    time_each,
+)
+from rag.index import Hits, SearchParams, VectorIndex, build_index, default_kind_for  # noqa: E402
+
+log = logging.getLogger("bench.search")
+
+K = 10
+# (kind, build params, knob settings); a knob dict of {} is the index's own default.
+SWEEP: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
+    ("exact", {}, [{}]),
+    ("faiss_flat", {"use_gpu": False}, [{}]),
+    ("hnsw", {}, [{"ef_search": e} for e in (16, 32, 40, 128, 256)] + [{}]),
+    ("faiss_hnsw", {}, [{"ef_search": e} for e in (16, 32, 40, 128, 256)] + [{}]),
+    ("faiss_ivf", {"use_gpu": False}, [{"nprobe": p} for p in (4, 8, 16, 32, 64, 128)] + [{}]),
+    ("faiss_ivf_sq8", {"use_gpu": False}, [{"nprobe": p} for p in (8, 32, 128)] + [{}]),
+]
+QUICK_KNOBS = {"hnsw": [{"ef_search": 32}, {}], "faiss_hnsw": [{"ef_search": 32}, {}]}
+BRUTE_KINDS = ("exact", "faiss_flat")
+
+
+@contextmanager
+def faiss_threads(n: int) -> Iterator[None]:
+    import faiss
+
+    old = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(old)
+
+
+def build(kind: str, params: dict[str, Any], vectors: F32) -> tuple[VectorIndex, float]:
+    """Build with every core (as the service's rebuild does), in 50k batches."""
+    index = build_index(kind, vectors.shape[1], params)
+    t = time.perf_counter()
+    with faiss_threads(os.cpu_count() or 1):
+        step = 50_000
+        for start in range(0, len(vectors), step):
+            ids = np.arange(start, min(start + step, len(vectors)), dtype=np.int64)
+            index.add(ids, vectors[start : start + step])
+    return index, time.perf_counter() - t
+
+
+def _one(index: VectorIndex, queries: F32, sp: SearchParams, i: int) -> list[Hits]:
+    return index.search(queries[i : i + 1], sp)
+
+
+def _ours(index: VectorIndex, sp: SearchParams, x: F32) -> list[Hits]:
+    return index.search(x, sp)
+
+
+def knob_label(knobs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "default"
+
+
+# ------------------------------------------------------------------ figure 1
+
+
+@dataclass
+class SweepRow:
+    size: int
+    kind: str
+    knobs: str
+    default: bool
+    recall: float
+    qps: float
+    p50_us: float
+    p99_us: float
+    build_s: float
+
+
+def sweep(
+    size: int,
+    vectors: F32,
+    queries: F32,
+    gt: I64,
+    *,
+    quick: bool,
+    brute_queries: int,
+    keep: tuple[str, ...] = (),
+) -> tuple[list[SweepRow], dict[str, VectorIndex]]:
+    """Recall@10 and single-query throughput (one thread) for every kind and knob."""
+    rows: list[SweepRow] = []
+    kept: dict[str, VectorIndex] = {}
+    default_kind = default_kind_for(size)
+    for kind, params, knob_list in SWEEP:
+        if quick:
+            knob_list = QUICK_KNOBS.get(kind, [{}])
+        try:
+            index, build_s = build(kind, params, vectors)
+        except MemoryError:
+            print(f"<!-- {kind} at {size}: out of memory, skipped -->", flush=True)
+            continue
+        n_q = min(len(queries), brute_queries) if kind in BRUTE_KINDS else len(queries)
+        for knobs in knob_list:
+            sp = SearchParams(k=K, **knobs)
+            with faiss_threads(1):
+                index.search(queries[:1], sp)  # warm: ef set, pages touched
+                times, hits = time_each(partial(_one, index, queries, sp), n_q)
+            found = [h[0].ids.tolist() for h in hits]
+            row = SweepRow(
+                size=size,
+                kind=kind,
+                knobs=knob_label(knobs),
+                default=(kind == default_kind and not knobs),
+                recall=recall_at_k(found, gt[:n_q], K),
+                qps=1000.0 * n_q / sum(times),
+                p50_us=1000.0 * percentile(times, 50),
+                p99_us=1000.0 * percentile(times, 99),
+                build_s=build_s,
+            )
+            rows.append(row)
+            print(
+                f"  {size:>8} {kind:<14} {row.knobs:<16} recall@10 {row.recall:.3f} "
+                f"{row.qps:8.0f} q/s",
+                flush=True,
+            )
+        if kind in keep:
+            kept[kind] = index
+        else:
+            del index
+            gc.collect()
+    return rows, kept
+
+
+def print_sweep(rows: list[SweepRow]) -> str:
+    md = table(
+        ["vectors", "kind", "knobs", "recall@10", "q/s", "p50 µs", "p99 µs", "build s"],
+        [
+            (
+                r.size,
+                r.kind + (" **(service default)**" if r.default else ""),
+                r.knobs,
+                r.recall,
+                r.qps,
+                r.p50_us,
+                r.p99_us,
+                r.build_s,
+            )
+            for r in rows
+        ],
+    )
+    print(md, flush=True)
+    return md
+
+
+# ------------------------------------------------------------------ figure 2
+
+
+def bare_call(kind: str, index: Any, knobs: dict[str, Any]) -> Callable[[F32], Any] | None:
+    """The library's own search on the very index object ours wraps, at the same knobs.
+    Reaches into the backend's private attribute on purpose: same data, same graph."""
+    if kind == "hnsw":
+        lib = index._index
+        ef = max(knobs.get("ef_search") or index.ef_search, K)
+        lib.set_ef(ef)
+        index._ef = ef  # keep our wrapper's view of the index-wide ef consistent
+        return lambda x: lib.knn_query(x, k=K, num_threads=1)
+    if kind == "faiss_hnsw":
+        lib = index._index
+        lib.hnsw.efSearch = max(knobs.get("ef_search") or index.ef_search, K)
+        return lambda x: lib.search(x, K)
+    if kind in ("faiss_ivf", "faiss_ivf_sq8"):
+        lib = index._ivf
+        if lib is None:
+            return None
+        lib.nprobe = knobs.get("nprobe") or index.default_nprobe()
+        return lambda x: lib.search(x, K)
+    if kind == "faiss_flat":
+        lib = index._index
+        return lambda x: lib.search(x, K)
+    return None
+
+
+def interleaved(
+    fns: dict[str, Callable[[F32], Any]], queries: F32, rounds: int = 2
+) -> dict[str, list[float]]:
+    """Per-call µs of each function on the same single queries, the order rotated per query
+    so that no side always runs on caches the other warmed."""
+    names = list(fns)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for fn in fns.values():
+        fn(queries[:1])
+    for _ in range(rounds):
+        for i in range(len(queries)):
+            x = queries[i : i + 1]
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                t = time.perf_counter_ns()
+                fns[name](x)
+                out[name].append((time.perf_counter_ns() - t) / 1000.0)
+    return out
+
+
+def overhead(
+    indexes: dict[str, VectorIndex], queries: F32
+) -> tuple[list[tuple[Any, ...]], float, str]:
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("hnsw", {"ef_search": 40}),
+        ("hnsw", {}),
+        ("faiss_hnsw", {"ef_search": 40}),
+        ("faiss_ivf", {}),
+        ("faiss_flat", {}),
+    ]
+    rows: list[tuple[Any, ...]] = []
+    worst = 0.0
+    for kind, knobs in cases:
+        index = indexes.get(kind)
+        if index is None:
+            continue
+        bare = bare_call(kind, index, knobs)
+        if bare is None:
+            continue
+        sp = SearchParams(k=K, **knobs)
+        with faiss_threads(1):
+            t = interleaved({"ours": partial(_ours, index, sp), "bare": bare}, queries)
+        ours, lib = percentile(t["ours"], 50), percentile(t["bare"], 50)
+        ratio = ours / lib
+        worst = max(worst, ratio)
+        rows.append((kind, knob_label(knobs), ours, lib, ours - lib, ratio))
+    md = table(["kind", "knobs", "ours p50 µs", "bare p50 µs", "extra µs", "ratio"], rows)
+    print(md, flush=True)
+    return rows, worst, md
+
+
+def hnsw_breakdown(index: Any, queries: F32, profile: bool) -> str:
+    """Where the hnsw wrapper's extra time goes, layer by layer (interleaved medians)."""
+    sp = SearchParams(k=K, ef_search=40)
+    lib = index._index
+    index.search(queries[:1], sp)
+    fns = {
+        "knn_query(x, k, num_threads=1)": lambda x: lib.knn_query(x, k=K, num_threads=1),
+        "knn_query(..., filter=None)": lambda x: lib.knn_query(x, k=K, num_threads=1, filter=None),
+        "HnswIndex._query (+ Hits)": lambda x: index._query(x, K, 40, None),
+        "HnswIndex.search (+ lock, checks)": lambda x: index.search(x, sp),
+    }
+    t = interleaved(fns, queries)
+    base = percentile(next(iter(t.values())), 50)
+    md = table(
+        ["layer", "p50 µs", "over bare µs"],
+        [(n, percentile(v, 50), percentile(v, 50) - base) for n, v in t.items()],
+    )
+    print(md, flush=True)
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(len(queries)):
+            index.search(queries[i : i + 1], sp)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+        print("```\n" + buf.getvalue().strip() + "\n```", flush=True)
+    return md
+
+
+# ------------------------------------------------------------------ figures 3 and 4
+
+
+@dataclass
+class Corpus:
+    vectors: F32
+    texts: list[str]
+    chunk_ids: I64  # row -> chunk id in SQL
+
+
+def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Corpus]:
+    """A real SQLite collection of `n` chunks: tenant, key and collection through the service
+    layer; documents, chunks and change-log rows inserted directly with precomputed vectors
+    (the real passages first, then perturbed copies carrying their source passage's text)."""
+    from sqlalchemy import insert, select
+
+    from rag.auth import create_key
+    from rag.db import repo
+    from rag.db.models import Blob, ChangeLog, Chunk, Document, now
+
+    embedder = services.embedder
+    key, tenant_id = create_key(services.db, "bench")
+    with services.db.write() as session:
+        cid = repo.create_collection(
+            session,
+            tenant_id,
+            name="bench",
+            description="search benchmark",
+            embedding_model=embedder.model_id,
+            embedding_dim=embedder.dim,
+            chunk_tokens=200,
+            chunk_overlap=32,
+            index_kind="auto",
+            index_params={},
+            search_defaults={},
+        ).id
+    vectors, src = synthesize(real.passages, n, seed=1)
+    texts = [real.passage_texts[j] for j in src.tolist()]
+    chunk_ids = np.zeros(n, dtype=np.int64)
+    per_doc = 500
+    for d, start in enumerate(range(0, n, per_doc)):
+        stop = min(start + per_doc, n)
+        spans, pos = [], 0
+        for text in texts[start:stop]:
+            spans.append((pos, pos + len(text)))
+            pos += len(text) + 2
+        body = "\n\n".join(texts[start:stop])
+        data = f"bench document {d}\n".encode() + body.encode()
+        sha = hashlib.sha256(data).hexdigest()
+        with services.db.write() as session:
+            t = now()
+            session.execute(insert(Blob).values(sha256=sha, size=len(data), data=data))
+            doc = Document(
+                tenant_id=tenant_id,
+                collection_id=cid,
+                filename=f"bench-{d:05d}.txt",
+                media_type="text/plain",
+                sha256=sha,
+                size=len(data),
+                status="indexed",
+                meta={},
+                text=body,
+                chunk_count=stop - start,
+                indexed_at=t,
+            )
+            session.add(doc)
+            session.flush()
+            session.execute(
+                insert(Chunk),
+                [
+                    {
+                        "uid": f"{doc.id}:{o}",
+                        "document_id": doc.id,
+                        "collection_id": cid,
+                        "tenant_id": tenant_id,
+                        "ordinal": o,
+                        "text": texts[start + o],
+                        "start_char": spans[o][0],
+                        "end_char": spans[o][1],
+                        "token_count": len(texts[start + o].split()),
+                        "embedding": vectors[start + o].astype("<f4").tobytes(),
+                        "embedding_model": embedder.model_id,
+                    }
+                    for o in range(stop - start)
+                ],
+            )
+            ids = session.execute(
+                select(Chunk.ordinal, Chunk.id).where(Chunk.document_id == doc.id)
+            ).all()
+            for ordinal, chunk_id in ids:
+                chunk_ids[start + ordinal] = chunk_id
+            session.execute(
+                insert(ChangeLog),
+                [
+                    {"collection_id": cid, "op": "add", "chunk_id": c, "document_id": doc.id}
+                    for _, c in ids
+                ],
+            )
+    return key, cid, Corpus(vectors, texts, chunk_ids)
+
+
+class Server:
+    """The real app under uvicorn on loopback, in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/healthz", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+@dataclass
+class Latency:
+    name: str
+    p50: float
+    p99: float
+    mean: float
+    recall: float
+    note: str = ""
+
+    def row(self) -> tuple[Any, ...]:
+        return (self.name, self.p50, self.p99, self.mean, self.recall, self.note)
+
+
+def latency(name: str, times: list[float], recall: float, note: str = "") -> Latency:
+    return Latency(
+        name, percentile(times, 50), percentile(times, 99), float(np.mean(times)), recall, note
+    )
+
+
+def http_and_chroma(
+    real: RealSet, n_chunks: int, n_queries: int, *, with_chroma: bool
+) -> tuple[list[Latency], dict[str, float]]:
+    import httpx
+    from pydantic import SecretStr
+
+    from rag.api.app import create_app
+    from rag.config import AuthSettings, Settings
+    from rag.embed import SentenceTransformerEmbedder
+    from rag.services import build_services
+
+    results: list[Latency] = []
+    extra: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="ragserve-bench-") as tmp:
+        settings = Settings(
+            data_dir=Path(tmp) / "data",
+            auth=AuthSettings(admin_key=SecretStr("bench-admin")),
+            log_level="WARNING",
+        )
+        embedder = SentenceTransformerEmbedder(device="cpu")
+        services = build_services(
+            settings, embedder=embedder, in_process_worker=False, announce_admin_key=False
+        )
+        t = time.perf_counter()
+        key, cid, corpus = load_collection(services, real, n_chunks)
+        print(f"  collection of {n_chunks} chunks written in {time.perf_counter() - t:.1f} s")
+
+        texts = real.query_texts[:n_queries]
+        qvec = embedder.embed(texts)
+        agree = float(np.mean(np.sum(qvec * real.queries[:n_queries], axis=1)))
+        print(f"  query vectors vs queries.f32.npy: mean cosine {agree:.4f}")
+        gt_rows = exact_topk(corpus.vectors, qvec, K)
+        gt_ids = corpus.chunk_ids[gt_rows]
+
+        headers = {"Authorization": f"Bearer {key}"}
+        with Server(create_app(settings, services)) as server, httpx.Client(timeout=600) as client:
+            url = f"{server.url}/v1/collections/{cid}/search"
+            t = time.perf_counter()
+            first = client.post(url, json={"query": texts[0], "k": K}, headers=headers)
+            first.raise_for_status()
+            print(f"  index opened (built from SQL) in {time.perf_counter() - t:.1f} s")
+            # Write the first generation now, so the background loop does not during timing.
+            services.indexes.snapshot(cid)
+            for text in texts[:10]:
+                client.post(url, json={"query": text, "k": K}, headers=headers)
+
+            def ask(i: int) -> dict[str, Any]:
+                r = client.post(url, json={"query": texts[i], "k": K}, headers=headers)
+                r.raise_for_status()
+                return r.json()  # type: ignore[no-any-return]
+
+            times, bodies = time_each(ask, n_queries)
+            found = [[p["chunk_id"] for p in b["passages"]] for b in bodies]
+            kind = bodies[0]["index"]["kind"]
+            knobs = bodies[0]["knobs"]
+            results.append(
+                latency(
+                    "ragserve POST /search (HTTP, embed included)",
+                    times,
+                    recall_at_k(found, gt_ids, K),
+                    f"{kind}, ef_search={knobs.get('ef_search')}",
+                )
+            )
+            for stage in ("embed", "search", "hydrate", "total"):
+                extra[stage] = percentile([b["timings_ms"].get(stage, 0.0) for b in bodies], 50)
+
+            # The same index, in process, precomputed query vector, no hydration.
+            sp = SearchParams(k=K)
+            times, outs = time_each(
+                lambda i: services.indexes.search(cid, qvec[i : i + 1], sp), n_queries
+            )
+            found = [o.hits[0].ids.tolist() for o in outs]
+            results.append(
+                latency(
+                    "ragserve index only (in process, precomputed vector)",
+                    times,
+                    recall_at_k(found, gt_ids, K),
+                    kind,
+                )
+            )
+        if with_chroma:
+            results += chroma(corpus, qvec, texts, gt_ids, embedder)
+        services.close()
+    return results, extra
+
+
+def chroma(
+    corpus: Corpus, qvec: F32, texts: list[str], gt_ids: I64, embedder: Any
+) -> list[Latency]:
+    import chromadb
+
+    out: list[Latency] = []
+    with tempfile.TemporaryDirectory(prefix="chroma-bench-") as tmp:
+        client = chromadb.PersistentClient(
+            path=tmp, settings=chromadb.Settings(anonymized_telemetry=False)
+        )
+        # Default HNSW settings (l2 space: on unit vectors it ranks exactly as inner product).
+        col = client.create_collection("bench", embedding_function=None)
+        batch = min(client.get_max_batch_size(), 5000)
+        t = time.perf_counter()
+        for start in range(0, len(corpus.texts), batch):
+            stop = start + batch
+            col.add(
+                ids=[str(c) for c in corpus.chunk_ids[start:stop].tolist()],
+                embeddings=corpus.vectors[start:stop],
+                documents=corpus.texts[start:stop],
+            )
+        print(
+            f"  chromadb {chromadb.__version__}: {col.count()} added in "
+            f"{time.perf_counter() - t:.1f} s"
+        )
+        for i in range(10):
+            col.query(query_embeddings=qvec[i : i + 1], n_results=K)
+
+        def ids_of(r: Any) -> list[int]:
+            return [int(x) for x in r["ids"][0]]
+
+        n = len(texts)
+        times, rs = time_each(
+            lambda i: col.query(
+                query_embeddings=qvec[i : i + 1], n_results=K, include=["distances"]
+            ),
+            n,
+        )
+        out.append(
+            latency(
+                "chromadb query (in process, precomputed vector, ids only)",
+                times,
+                recall_at_k([ids_of(r) for r in rs], gt_ids, K),
+                f"chromadb {chromadb.__version__}",
+            )
+        )
+
+        embed_ms: list[float] = []
+
+        def embed_and_query(i: int) -> Any:
+            t = time.perf_counter()
+            v = embedder.embed([texts[i]])
+            embed_ms.append((time.perf_counter() - t) * 1000.0)
+            return col.query(query_embeddings=v, n_results=K, include=["documents", "distances"])
+
+        # chromadb may still be persisting or compacting after the adds: let it settle.
+        time.sleep(2.0)
+        for i in range(10):
+            embed_and_query(i)
+        embed_ms.clear()
+        times, rs = time_each(embed_and_query, n)
+        out.append(
+            latency(
+                "chromadb query (in process, embed included, with documents)",
+                times,
+                recall_at_k([ids_of(r) for r in rs], gt_ids, K),
+                f"same MiniLM embedder as the server; embed p50 {percentile(embed_ms, 50):.1f} ms",
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few minutes on 2 cores")
+    ap.add_argument("--large", type=int, help="synthetic set size (1M; --quick 100k; 0 skips)")
+    ap.add_argument("--queries", type=int, help="queries per setting (1000; --quick 200)")
+    ap.add_argument("--brute-queries", type=int, default=100, help="queries for exact kinds")
+    ap.add_argument("--http-chunks", type=int, help="chunks behind /search (100k; --quick 25k)")
+    ap.add_argument("--http-queries", type=int, help="HTTP queries (1000; --quick 200)")
+    ap.add_argument("--no-chroma", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile the hnsw wrapper")
+    ap.add_argument("--out", type=Path, help="also write the markdown tables here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    large = args.large if args.large is not None else (100_000 if args.quick else 1_000_000)
+    n_queries = args.queries or (200 if args.quick else 1000)
+    http_chunks = args.http_chunks or (25_000 if args.quick else 100_000)
+    http_queries = args.http_queries or (200 if args.quick else 1000)
+    sections: list[str] = []
+
+    real = load_real()
+    queries = real.queries[:n_queries]
+    print(f"## recall@10 against queries/s ({n_queries} queries, one thread)\n", flush=True)
+    keep = ("hnsw", "faiss_hnsw", "faiss_ivf", "faiss_flat")
+    rows, kept = sweep(
+        len(real.passages),
+        real.passages,
+        queries,
+        real.gt,
+        quick=False,
+        brute_queries=args.brute_queries,
+        keep=keep,
+    )
+    defaults = [r.recall for r in rows if r.default]
+
+    print("\n## index layer overhead (ours / bare library, same index, interleaved)\n")
+    _, worst, md2 = overhead(kept, queries)
+    sections.append(md2)
+    if "hnsw" in kept:
+        print("\nhnsw wrapper, layer by layer (ef_search=40):\n")
+        sections.append(hnsw_breakdown(kept["hnsw"], queries, args.profile))
+    kept.clear()
+    gc.collect()
+
+    if large:
+        print(f"\n  synthesising {large} vectors and their exact top-{K} ...", flush=True)
+        t = time.perf_counter()
+        big, _ = synthesize(real.passages, large, seed=0)
+        with faiss_threads(os.cpu_count() or 1):
+            gt_big = exact_topk(big, queries, K)
+        print(f"  done in {time.perf_counter() - t:.1f} s", flush=True)
+        big_rows, _ = sweep(
+            large, big, queries, gt_big, quick=args.quick, brute_queries=args.brute_queries
+        )
+        rows += big_rows
+        defaults += [r.recall for r in big_rows if r.default]
+        del big
+        gc.collect()
+    print()
+    sections.insert(0, print_sweep(rows))
+
+    print(f"\n## /search over HTTP at {http_chunks} chunks ({http_queries} queries)\n", flush=True)
+    lat, stages = http_and_chroma(real, http_chunks, http_queries, with_chroma=not args.no_chroma)
+    md4 = table(
+        ["system", "p50 ms", "p99 ms", "mean ms", "recall@10", "note"], [x.row() for x in lat]
+    )
+    print(md4)
+    print(
+        "\nserver-side stage medians (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+    )
+    sections.append(md4)
+    if args.out:
+        args.out.write_text("\n\n".join(sections) + "\n")
+
+    ours = next(x for x in lat if x.name.startswith("ragserve POST"))
+    chroma_embed = next((x for x in lat if "embed included" in x.name and "chroma" in x.name), None)
+    print()
+    print(f"FIGURE recall_at_10_default {min(defaults):.3f}")
+    print(f"FIGURE index_overhead_ratio {worst:.2f}")
+    print(f"FIGURE search_http_p99_ms {ours.p99:.2f}")
+    ratio = chroma_embed.p99 / ours.p99 if chroma_embed else float("nan")
+    print(f"FIGURE chroma_p99_over_ours {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
