@@ -2,8 +2,9 @@
 
 Shapes: T = tokens of the whole step (all sequences, flattened, no padding), H = query heads,
 Hkv = key/value heads, D = head dim, E = hidden size, B = decode sequences, L = context length.
-The KV cache of a layer is [2, Hkv, num_blocks, block_size, D]; a token's slot is
-block_id * block_size + offset.
+The KV cache of a layer is [2, num_blocks, Hkv, block_size, D] (block-major: a block of one
+layer is one contiguous [Hkv, BS, D] piece, so gathering a sequence's blocks copies large
+contiguous chunks); a token's slot is block_id * block_size + offset.
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ class AttentionMetadata:
     call; prefill chunks follow, one attention call each.
     """
 
-    slot_mapping: torch.Tensor  # [T] long: where each token's K/V is written
+    kv_rows: torch.Tensor  # [T * Hkv] long: rows of the cache viewed as [NB * Hkv * BS, D]
     num_decodes: int  # B: tokens 0..B-1 are single-token chunks
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] long (padded with 0)
-    decode_bias: torch.Tensor | None  # [1, B, 1, max_blocks * block_size]: 0 or -inf
+    decode_bias: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size]: 0 or -inf
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (q_start, q_len, start_pos, blocks)
-    prefill_masks: list[torch.Tensor | None]  # [q_len, ctx] bool, None = plain causal
+    # [q_len, ctx] bool, True = visible (causal); None when the chunk starts at position 0
+    prefill_biases: list[torch.Tensor | None]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -139,7 +141,7 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [T, E]
         cos: torch.Tensor,  # [T, D]
         sin: torch.Tensor,  # [T, D]
-        kv_cache: torch.Tensor,  # [2, Hkv, num_blocks, block_size, D]
+        kv_cache: torch.Tensor,  # [2, NB, Hkv, BS, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -153,18 +155,17 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
-        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [Hkv, NB, BS, D]
-        nb, bs = k_cache.shape[1], k_cache.shape[2]
-        # index_copy_ writes whole [D] rows: several times faster than k_flat[:, slots] = k.
-        k_cache.view(hkv, nb * bs, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        v_cache.view(hkv, nb * bs, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, Hkv, BS, D]
+        # index_copy_ writes whole [D] rows: several times faster than advanced indexing.
+        k_cache.view(-1, d).index_copy_(0, meta.kv_rows, k.reshape(t * hkv, d))
+        v_cache.view(-1, d).index_copy_(0, meta.kv_rows, v.reshape(t * hkv, d))
 
         out = torch.empty_like(q)  # [T, H, D]
         b = meta.num_decodes
         if b:
             out[:b] = self._decode(q[:b], k_cache, v_cache, meta)
-        for (q_start, q_len, start_pos, blocks), mask in zip(
-            meta.prefills, meta.prefill_masks, strict=True
+        for (q_start, q_len, start_pos, blocks), bias in zip(
+            meta.prefills, meta.prefill_biases, strict=True
         ):
             qp = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
             if start_pos == 0:
@@ -176,11 +177,10 @@ class Attention(nn.Module):
                 )
             else:
                 ctx = start_pos + q_len
-                kp = k_cache.index_select(1, blocks).flatten(1, 2)[:, :ctx].unsqueeze(0)
-                vp = v_cache.index_select(1, blocks).flatten(1, 2)[:, :ctx].unsqueeze(0)
-                # kp, vp: [1, Hkv, L, D]
+                kp = _context(k_cache, blocks, ctx).unsqueeze(0)  # [1, Hkv, L, D]
+                vp = _context(v_cache, blocks, ctx).unsqueeze(0)
                 op = F.scaled_dot_product_attention(
-                    qp, kp, vp, attn_mask=mask, scale=self.scale, enable_gqa=True
+                    qp, kp, vp, attn_mask=bias, scale=self.scale, enable_gqa=True
                 )  # [1, H, q, D]
             out[q_start : q_start + q_len] = op[0].transpose(0, 1)
         return self.o_proj(out.view(t, h * d))  # [T, E]
@@ -188,26 +188,38 @@ class Attention(nn.Module):
     def _decode(
         self,
         q: torch.Tensor,  # [B, H, D]: one new token per sequence
-        k_cache: torch.Tensor,  # [Hkv, NB, BS, D]
+        k_cache: torch.Tensor,  # [NB, Hkv, BS, D]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Attention of B single-token queries over their paged contexts, as two batched
-        matmuls with heads grouped by their KV head (no K/V repeat for GQA)."""
+        """Attention of B single-token queries over their paged contexts.
+
+        The blocks are gathered whole (one contiguous [Hkv, BS, D] copy each) and attended
+        block by block: scores per (sequence, block, KV head) as one batched matmul, softmax
+        over the whole context, then the weighted values summed over blocks. Query heads are
+        grouped by their KV head, so GQA needs no K/V repeat."""
         bt = meta.decode_block_tables  # [B, MB]
         assert bt is not None and meta.decode_bias is not None
         b, hkv, d = q.shape[0], self.hkv, self.d
         g = self.h // hkv
-        length = bt.shape[1] * k_cache.shape[2]
-        # index_select copies whole [BS, D] blocks; the result is contiguous per KV head.
-        kd = k_cache.index_select(1, bt.flatten()).view(hkv, b, length, d)  # [Hkv, B, L, D]
-        vd = v_cache.index_select(1, bt.flatten()).view(hkv, b, length, d)
-        qd = q.view(b, hkv, g, d).transpose(0, 1)  # [Hkv, B, G, D]
-        scores = torch.matmul(qd, kd.transpose(-1, -2))  # [Hkv, B, G, L]
+        mb, bs = bt.shape[1], k_cache.shape[2]
+        kd = k_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d)
+        vd = v_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d)
+        qd = q.view(b, 1, hkv, g, d)
+        scores = torch.matmul(qd, kd.transpose(-1, -2))  # [B, MB, Hkv, G, BS]
+        scores = scores.permute(0, 2, 3, 1, 4).reshape(b, hkv, g, mb * bs)  # [B, Hkv, G, L]
         scores = torch.add(meta.decode_bias, scores, alpha=self.scale)  # masked: -inf
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        od = torch.matmul(probs, vd)  # [Hkv, B, G, D]
-        return od.transpose(0, 1).reshape(b, self.h, d)  # [B, H, D]
+        probs = probs.view(b, hkv, g, mb, bs).permute(0, 3, 1, 2, 4)  # [B, MB, Hkv, G, BS]
+        od = torch.matmul(probs, vd).sum(dim=1)  # [B, Hkv, G, D]
+        return od.reshape(b, self.h, d)  # [B, H, D]
+
+
+def _context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` cached positions of one sequence as [Hkv, L, D]."""
+    gathered = cache.index_select(0, blocks)  # [n, Hkv, BS, D]
+    hkv, d = gathered.shape[1], gathered.shape[3]
+    return gathered.transpose(0, 1).reshape(hkv, -1, d)[:, :length]
 
 
 class MLP(nn.Module):
@@ -264,7 +276,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: torch.Tensor,  # [num_layers, 2, Hkv, NB, BS, D]
+        kv_caches: torch.Tensor,  # [num_layers, 2, NB, Hkv, BS, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, E]

@@ -46,9 +46,9 @@ class ModelRunner:
         self.block_size = spec.block_size
         cfg = model.cfg
         dtype = model.embed_tokens.weight.dtype
-        # kv_caches: [num_layers, 2, Hkv, NB, BS, D]
+        # kv_caches: [num_layers, 2, NB, Hkv, BS, D]
         self.kv_caches = torch.zeros(
-            cfg.num_layers, 2, cfg.num_kv_heads, spec.num_blocks, spec.block_size,
+            cfg.num_layers, 2, spec.num_blocks, cfg.num_kv_heads, spec.block_size,
             cfg.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.sampler = Sampler(device)
@@ -119,29 +119,35 @@ class ModelRunner:
             visible = arange[None, :] < ctx[:, None]  # [B, L]
             dtype = self.model.embed_tokens.weight.dtype
             decode_bias = torch.zeros(visible.shape, dtype=dtype, device=dev)
-            decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[None, :, None, :]
-            # decode_bias: [1, B, 1, L]
+            decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
+            # decode_bias: [B, 1, 1, L]
         meta_prefills = []
-        masks: list[torch.Tensor | None] = []
+        biases: list[torch.Tensor | None] = []
         q_start = len(decodes)
         for c in prefills:
             n = len(c.token_ids)
             nblocks = -(-(c.start_pos + n) // bs)
             meta_prefills.append((q_start, n, c.start_pos, t(c.block_table[:nblocks])))
             if c.start_pos == 0:
-                masks.append(None)
+                biases.append(None)  # plain causal over the chunk itself
             else:
-                ctx_len = c.start_pos + n
-                q_pos = torch.arange(c.start_pos, ctx_len, device=dev)
-                masks.append(torch.arange(ctx_len, device=dev)[None, :] <= q_pos[:, None])
+                # Query i (at position start_pos + i) sees positions 0..start_pos + i.
+                q_pos = torch.arange(c.start_pos, c.start_pos + n, device=dev)
+                ctx_pos = torch.arange(c.start_pos + n, device=dev)
+                biases.append(ctx_pos[None, :] <= q_pos[:, None])
             q_start += n
+        # Row of each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D].
+        hkv = self.model.cfg.num_kv_heads
+        slot_t = t(slots)
+        heads = torch.arange(hkv, device=dev)
+        kv_rows = ((slot_t[:, None] // bs) * hkv + heads[None, :]) * bs + slot_t[:, None] % bs
         meta = AttentionMetadata(
-            slot_mapping=t(slots),
+            kv_rows=kv_rows.flatten(),
             num_decodes=len(decodes),
             decode_block_tables=decode_tables,
             decode_bias=decode_bias,
             prefills=meta_prefills,
-            prefill_masks=masks,
+            prefill_biases=biases,
         )
         return t(ids), t(pos), meta, sample_rows
 
