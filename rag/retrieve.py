@@ -190,8 +190,9 @@ class Retriever:
         state = outcome.state
         used = {
             "k": k,
-            "ef_search": ef if state.kind in ("hnsw", "faiss_hnsw") and not exact else None,
-            "nprobe": nprobe if state.kind.startswith("faiss_ivf") and not exact else None,
+            # The values the index actually used: the request's, or the index's defaults.
+            "ef_search": max(effort, k) if effort_param == "ef_search" and not exact else None,
+            "nprobe": effort if effort_param == "nprobe" and not exact else None,
             "exact": bool(exact),
             "hybrid": hybrid or 0.0,
             "budget_ms": budget_ms,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -108,6 +107,14 @@ def as_ids(ids: Any) -> Ids:
 
 
 def as_vectors(vectors: Any, dim: int) -> Vectors:
+    if (
+        isinstance(vectors, np.ndarray)
+        and vectors.dtype == np.float32
+        and vectors.ndim == 2
+        and vectors.shape[1] == dim
+        and vectors.flags.c_contiguous
+    ):
+        return vectors  # the common case, on every search: no copy, no checks to redo
     arr = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
     if arr.ndim == 1:
         arr = arr.reshape(1, -1)
@@ -176,6 +183,10 @@ def merge_hits(parts: list[list[Hits]], k: int) -> list[Hits]:
 
 def unpad(scores: npt.NDArray[np.float32], labels: npt.NDArray[np.int64]) -> list[Hits]:
     """faiss and friends mark a missing result with label -1; drop those."""
+    if labels.size == 0 or labels.min() >= 0:  # nothing missing: rows as they are
+        labels = labels.astype(np.int64, copy=False)
+        scores = scores.astype(np.float32, copy=False)
+        return [Hits(labels[i], scores[i]) for i in range(labels.shape[0])]
     out = []
     for s_row, l_row in zip(scores, labels, strict=True):
         keep = l_row >= 0
@@ -190,42 +201,60 @@ def unpad(scores: npt.NDArray[np.float32], labels: npt.NDArray[np.int64]) -> lis
 
 class RWLock:
     """Many readers or one writer. Writers are preferred so a steady stream of searches
-    cannot starve catch-up."""
+    cannot starve catch-up. The context managers are plain objects (no generator per use):
+    this lock sits on every search's hot path."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._read = _Held(self._acquire_read, self._release_read)
+        self._write = _Held(self._acquire_write, self._release_write)
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
+    def read(self) -> _Held:
+        return self._read
+
+    def write(self) -> _Held:
+        return self._write
+
+    def _acquire_read(self) -> None:
         with self._cond:
             while self._writer or self._waiting_writers:
                 self._cond.wait()
             self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
 
-    @contextmanager
-    def write(self) -> Iterator[None]:
+    def _release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers and self._waiting_writers:
+                self._cond.notify_all()
+
+    def _acquire_write(self) -> None:
         with self._cond:
             self._waiting_writers += 1
             while self._writer or self._readers:
                 self._cond.wait()
             self._waiting_writers -= 1
             self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
+
+    def _release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class _Held:
+    __slots__ = ("_enter", "_exit")
+
+    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
+        self._enter, self._exit = enter, exit_
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._exit()
 
 
 META_FILE = "meta.json"

@@ -417,6 +417,7 @@ class FaissHNSWIndex(_FaissBase):
         self._labels = np.zeros(0, dtype=np.int64)  # slot -> label
         self._alive = np.zeros(0, dtype=bool)  # slot -> not tombstoned
         self._slot: dict[int, int] = {}  # live label -> slot
+        self._params_by_ef: dict[int, Any] = {}
         self._live = self._slot
         self._live_bitmap: npt.NDArray[np.uint8] | None = None  # cache, None when stale
 
@@ -495,8 +496,14 @@ class FaissHNSWIndex(_FaissBase):
                 scores, slots = storage.search(queries, k, params=search_params)
             else:
                 ef = max(params.ef_search or self.ef_search, k)
-                search_params = faiss.SearchParametersHNSW(efSearch=ef, sel=sel)
+                search_params = (
+                    self._hnsw_params(ef)
+                    if sel is None
+                    else (faiss.SearchParametersHNSW(efSearch=ef, sel=sel))
+                )
                 scores, slots = self._index.search(queries, k, params=search_params)
+                if slots.min() >= 0:  # the usual case: k found for every query
+                    return unpad(scores, self._labels[slots])
                 short = np.flatnonzero((slots < 0).any(axis=1))
                 if len(short):
                     # Tombstones or a filter cut the walk short: scan for those rows.
@@ -506,6 +513,14 @@ class FaissHNSWIndex(_FaissBase):
                     )
             labels = np.where(slots >= 0, self._labels[np.maximum(slots, 0)], -1)
             return unpad(scores, labels)
+
+    def _hnsw_params(self, ef: int) -> Any:
+        """Search parameters without a selector, made once per ef (SWIG objects are not
+        free to build on every query)."""
+        cached = self._params_by_ef.get(ef)
+        if cached is None:
+            cached = self._params_by_ef[ef] = faiss.SearchParametersHNSW(efSearch=ef)
+        return cached
 
     def _storage_vectors(self) -> Vectors:
         storage = faiss.downcast_index(self._index.storage)

@@ -161,19 +161,22 @@ class HnswIndex:
         return self._query(queries, k, ef, allowed_set)
 
     def _query(self, queries: Vectors, k: int, ef: int, allowed: set[int] | None) -> list[Hits]:
-        filter_fn = allowed.__contains__ if allowed is not None else None
         try:
-            labels, dists = self._index.knn_query(queries, k=k, num_threads=1, filter=filter_fn)
+            if allowed is None:
+                labels, dists = self._index.knn_query(queries, k=k, num_threads=1)
+            else:
+                labels, dists = self._index.knn_query(
+                    queries, k=k, num_threads=1, filter=allowed.__contains__
+                )
         except RuntimeError:
             # Fewer than k reachable (deletes cut the graph, or a filter): per query, fall
             # back to an exact scan rather than returning less than the index holds.
             log.debug("hnswlib could not return %d results at ef %d; scanning", k, ef)
             return self._brute_force(queries, allowed, k)
-        # hnswlib's "ip" distance is 1 - dot.
-        return [
-            Hits(row.astype(np.int64), (1.0 - d).astype(np.float32))
-            for row, d in zip(labels, dists, strict=True)
-        ]
+        # hnswlib's "ip" distance is 1 - dot. Convert the batch once, then slice rows.
+        ids = labels.astype(np.int64)
+        scores = (1.0 - dists).astype(np.float32, copy=False)
+        return [Hits(ids[i], scores[i]) for i in range(ids.shape[0])]
 
     def _brute_force(self, queries: Vectors, allowed: set[int] | None, k: int) -> list[Hits]:
         pool = allowed if allowed is not None else self._live
