@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from ingest import jobs
 from ingest.chunk import chunk_text
@@ -25,6 +29,14 @@ class PermanentFailure(Exception):
     """Retrying cannot help (bad file, wrong model): the job ends `failed` at once."""
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A job parsed and chunked, waiting for its vectors."""
+
+    text: str
+    chunks: list[ChunkRow]
+
+
 class Pipeline:
     def __init__(self, db: Database, embedder: Embedder, settings: IngestSettings) -> None:
         self.db = db
@@ -34,10 +46,18 @@ class Pipeline:
 
     def run(self, job: ClaimedJob, still_ours: Callable[[], None]) -> str:
         """Process one claimed job. `still_ours` raises LeaseLost when the lease was lost."""
+        prepared = self.prepare(job, still_ours)
+        if prepared is None:
+            return "cancelled"
+        [vectors] = self.embed([prepared])
+        return self.finish(job, prepared, vectors, still_ours)
+
+    def prepare(self, job: ClaimedJob, still_ours: Callable[[], None]) -> Prepared | None:
+        """Load, parse and chunk one job. None when its document is gone (job cancelled)."""
         inp = jobs.load_input(self.db, job)
         if inp is None:
             jobs.cancel(self.db, job, "document deleted")
-            return "cancelled"
+            return None
         if inp.embedding_model != self.embedder.model_id:
             raise PermanentFailure(
                 f"collection embeds with {inp.embedding_model!r} but this worker runs "
@@ -56,20 +76,37 @@ class Pipeline:
         chunks = [
             ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans
         ]
-
         jobs.set_status(self.db, job, "embedding")
-        vectors = self.embedder.embed([c.text for c in chunks])
+        return Prepared(text, chunks)
 
+    def embed(self, batch: list[Prepared]) -> list[npt.NDArray[np.float32]]:
+        """One encode call for the chunks of several jobs (the model batches and sorts them by
+        length itself), split back per job."""
+        texts = [c.text for p in batch for c in p.chunks]
+        vectors = self.embedder.embed(texts)
+        out, start = [], 0
+        for p in batch:
+            out.append(vectors[start : start + len(p.chunks)])
+            start += len(p.chunks)
+        return out
+
+    def finish(
+        self,
+        job: ClaimedJob,
+        prepared: Prepared,
+        vectors: npt.NDArray[np.float32],
+        still_ours: Callable[[], None],
+    ) -> str:
         still_ours()
         state = jobs.complete(
             self.db,
             job,
-            text=text,
-            chunks=chunks,
+            text=prepared.text,
+            chunks=prepared.chunks,
             vectors=vectors,
             embedding_model=self.embedder.model_id,
         )
-        log.info("job %s: %s, %d chunks", job.id, state, len(chunks))
+        log.info("job %s: %s, %d chunks", job.id, state, len(prepared.chunks))
         return state
 
     def parse(self, data: bytes, media_type: str) -> str:

@@ -8,24 +8,32 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from ingest import jobs
 from ingest.jobs import ClaimedJob, LeaseLost
-from ingest.pipeline import PermanentFailure, Pipeline
+from ingest.pipeline import PermanentFailure, Pipeline, Prepared
 from rag.config import IngestSettings
 from rag.db import Database
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
 
 class _Heartbeat:
-    """Renews a job's lease every third of its length until stopped."""
+    """Renews the leases of the jobs in hand every third of the lease until stopped."""
 
-    def __init__(self, db: Database, job: ClaimedJob, lease_s: float) -> None:
-        self.db, self.job, self.lease_s = db, job, lease_s
-        self.lost = threading.Event()
+    def __init__(self, db: Database, held: list[ClaimedJob], lease_s: float) -> None:
+        self.db, self.held, self.lease_s = db, held, lease_s
+        self.lost: set[str] = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job.id[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()
@@ -37,16 +45,21 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
-            try:
-                if not jobs.renew(self.db, self.job, self.lease_s):
-                    self.lost.set()
-                    return
-            except Exception:  # a database hiccup: try again next beat
-                log.exception("job %s: lease renewal failed", self.job.id)
+            for job in self.held:
+                if job.id in self.lost:
+                    continue
+                try:
+                    if not jobs.renew(self.db, job, self.lease_s):
+                        self.lost.add(job.id)
+                except Exception:  # a database hiccup: try again next beat
+                    log.exception("job %s: lease renewal failed", job.id)
 
-    def check(self) -> None:
-        if self.lost.is_set():
-            raise LeaseLost(self.job.id)
+    def checker(self, job: ClaimedJob) -> Callable[[], None]:
+        def check() -> None:
+            if job.id in self.lost:
+                raise LeaseLost(job.id)
+
+        return check
 
 
 class Worker:
@@ -61,26 +74,64 @@ class Worker:
         self.processed = 0
 
     def run_once(self) -> bool:
-        """Claim and process one job. False when there was none."""
-        job = jobs.claim(self.db, self.owner, self.settings.lease_s)
-        if job is None:
+        """Claim and process a batch of jobs (up to `claim_batch`): each is parsed and chunked
+        on its own, their chunks are embedded in one call, and each is written in its own
+        transaction. False when there was no job."""
+        held = self._claim_batch()
+        if not held:
             return False
-        log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
-        try:
-            with _Heartbeat(self.db, job, self.settings.lease_s) as beat:
+        with _Heartbeat(self.db, held, self.settings.lease_s) as beat:
+            ready: list[tuple[ClaimedJob, Prepared]] = []
+            for job in held:
+                log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
+                prepared = self._guard(job, lambda j=job: self.pipeline.prepare(j, beat.checker(j)))
+                if prepared is not None:
+                    ready.append((job, prepared))
+            if ready:
                 try:
-                    self.pipeline.run(job, beat.check)
-                except LeaseLost:
-                    raise
-                except PermanentFailure as exc:
-                    self._fail(job, str(exc), permanent=True)
+                    vectors = self.pipeline.embed([p for _, p in ready])
                 except Exception as exc:
-                    log.exception("job %s: attempt %d failed", job.id, job.attempt)
-                    self._fail(job, f"{type(exc).__name__}: {exc}", permanent=False)
+                    log.exception("embedding failed for %d jobs", len(ready))
+                    for job, _ in ready:
+                        self._guard(job, lambda e=exc: _raise(e))
+                else:
+                    for (job, prepared), vecs in zip(ready, vectors, strict=True):
+                        self._guard(
+                            job,
+                            lambda j=job, p=prepared, v=vecs: self.pipeline.finish(
+                                j, p, v, beat.checker(j)
+                            ),
+                        )
+        self.processed += len(held)
+        return True
+
+    def _claim_batch(self) -> list[ClaimedJob]:
+        held: list[ClaimedJob] = []
+        while len(held) < self.settings.claim_batch:
+            job = jobs.claim(self.db, self.owner, self.settings.lease_s)
+            if job is None:
+                break
+            held.append(job)
+        return held
+
+    def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
+        """Run one job's step; its failure fails (or retries) that job alone."""
+        try:
+            return step()
         except LeaseLost:
             log.warning("job %s: lease lost; another worker owns it now", job.id)
-        self.processed += 1
-        return True
+        except PermanentFailure as exc:
+            self._fail_quietly(job, str(exc), permanent=True)
+        except Exception as exc:
+            log.exception("job %s: attempt %d failed", job.id, job.attempt)
+            self._fail_quietly(job, f"{type(exc).__name__}: {exc}", permanent=False)
+        return None
+
+    def _fail_quietly(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
+        try:
+            self._fail(job, reason, permanent=permanent)
+        except LeaseLost:
+            log.warning("job %s: lease lost before its failure was recorded", job.id)
 
     def _fail(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
         state = jobs.fail(

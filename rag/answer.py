@@ -66,6 +66,9 @@ class Citation:
     filename: str
     start_char: int
     end_char: int
+    # False: the answer wrote [n]. True: it wrote no marker, and the server attributed it to a
+    # given passage that most of the answer's words come from.
+    attributed: bool = False
 
 
 @dataclass
@@ -331,8 +334,12 @@ def cite(
 ) -> list[Citation]:
     """Map [n] markers to the passages given, re-checked against SQL right before citing:
     a marker that points nowhere, or to a chunk deleted since or never the caller's, is
-    dropped."""
+    dropped. An answer with no usable marker (small models often write none) is attributed
+    to the given passages most of its words come from, flagged as attributed."""
     wanted = [(n, given[n - 1]) for n in markers(answer) if 1 <= n <= len(given)]
+    attributed = not wanted
+    if attributed:
+        wanted = attribute(answer, given)
     if not wanted:
         return []
     ids = {p.chunk_id for _, p in wanted}
@@ -352,10 +359,31 @@ def cite(
             )
         )
     return [
-        Citation(n, p.chunk_id, p.document_id, p.filename, p.start_char, p.end_char)
+        Citation(n, p.chunk_id, p.document_id, p.filename, p.start_char, p.end_char, attributed)
         for n, p in wanted
         if p.chunk_id in visible
     ]
+
+
+_CONTENT_WORD = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
+ATTRIBUTION_MIN_WORDS = 4
+ATTRIBUTION_MIN_SHARE = 0.6
+
+
+def attribute(answer: str, given: Sequence[Passage]) -> list[tuple[int, Passage]]:
+    """Given passages (numbered from 1) that supply at least 60% of the answer's content
+    words, best first, at most two. Nothing for a short or unsupported answer: a refusal or
+    an answer from outside the passages gets no citation rather than a wrong one."""
+    words = {w.lower() for w in _CONTENT_WORD.findall(answer)}
+    if len(words) < ATTRIBUTION_MIN_WORDS:
+        return []
+    scored = []
+    for n, passage in enumerate(given, start=1):
+        share = len(words & {w.lower() for w in _CONTENT_WORD.findall(passage.text)}) / len(words)
+        if share >= ATTRIBUTION_MIN_SHARE:
+            scored.append((share, n, passage))
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return [(n, passage) for _, n, passage in scored[:2]]
 
 
 async def answer(

@@ -51,6 +51,9 @@ class CitationOut(BaseModel):
     filename: str
     start_char: int = Field(description="span of the chunk in the document's extracted text")
     end_char: int
+    attributed: bool = Field(
+        False, description="true when the answer had no [n] marker and the server attributed it"
+    )
 
 
 class UsageOut(BaseModel):

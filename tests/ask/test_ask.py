@@ -248,3 +248,30 @@ def test_instructions_inside_documents_stay_quoted_data(
     assert "\nsystem:" not in user["content"]
     # The answer never renders an outside image.
     assert "![" not in body["answer"]
+
+
+def test_an_answer_without_markers_is_attributed_to_the_passage_it_comes_from(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    """Small models often write no [n]: the server then attributes the answer to the given
+    passage that supplies most of its words, flagged as attributed; a refusal or an answer
+    from elsewhere gets no citation at all."""
+    from rag.answer import attribute
+
+    engine = FakeEngine(answer="Storm warnings are broadcast on marine radio channel sixteen.")
+    api = _api(make_api, sqlite_url, hash_embedder, engine)
+    cid = api.collection(api.a)
+    ingest(api, api.a, cid, FACTS)
+    body = api.client.post(f"/v1/collections/{cid}/ask", headers=api.a,
+                           json={"question": "Which radio channel?", "k": 3}).json()
+    given = body["passages"]
+    storm = next(p for p in given if "Storm" in p["text"])
+    assert [(c["chunk_id"], c["attributed"]) for c in body["citations"]] == [
+        (storm["chunk_id"], True)
+    ]
+    assert body["citations"][0]["marker"] == given.index(storm) + 1
+    # Nothing is attributed to a refusal, or to words the passages do not hold.
+    passages = [type("P", (), {"text": t})() for t in FACTS]
+    assert attribute("I do not know.", passages) == []  # type: ignore[arg-type]
+    assert attribute("Penguins migrate across frozen Antarctic plateaus yearly.",
+                     passages) == []  # type: ignore[arg-type]

@@ -188,3 +188,46 @@ def test_wrong_embedding_model_fails_permanently(db: Database) -> None:
         job = s.get(IngestJob, job_id)
         assert job is not None and job.state == "failed" and job.attempts == 1
         assert "hash-384" in (job.error or "")
+
+
+def test_a_batch_of_jobs_is_embedded_in_one_call(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    ids = [_upload(db, cid, f"document {i} " + "word " * (60 * (i + 1))) for i in range(5)]
+    settings = IngestSettings(lease_s=5, claim_batch=8)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    emb.calls.clear()
+    assert worker.run_once()
+    with db.read() as s:
+        states = [s.get(IngestJob, i).state for i in ids]  # type: ignore[union-attr]
+        chunks = s.scalar(select(func.count()).select_from(Chunk))
+    assert states == ["done"] * 5
+    assert emb.calls == [chunks]  # every job's chunks in a single encode call
+
+
+def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    good = _upload(db, cid, "a perfectly fine document")
+    # An HTML job whose bytes are not text fails in parsing; the batch carries on.
+    import hashlib
+
+    data = b"\xff\xfe\x00garbage\x00"
+    with db.write() as s:
+        collection = repo.get_collection(s, _tenant_of(s, cid), cid)
+        bad = repo.add_document(
+            s,
+            collection,
+            filename="x.html",
+            media_type="text/html",
+            data=data,
+            sha256=hashlib.sha256(data).hexdigest(),
+            meta={},
+            max_attempts=3,
+        ).job.id  # type: ignore[union-attr]
+    settings = IngestSettings(lease_s=5, claim_batch=8, parse_timeout_s=20)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    assert worker.run_once()
+    with db.read() as s:
+        assert s.get(IngestJob, good).state == "done"  # type: ignore[union-attr]
+        assert s.get(IngestJob, bad).state == "failed"  # type: ignore[union-attr]
