@@ -58,25 +58,30 @@ class ChunkRow:
 
 def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
     """Take the oldest runnable job: queued and due, or running with an expired lease."""
-    while True:
-        t = now()
-        with db.write() as session:
-            stmt = (
-                select(IngestJob)
-                .where(
-                    or_(
-                        and_(IngestJob.state == "queued", IngestJob.run_after <= t),
-                        and_(IngestJob.state == "running", IngestJob.lease_expires_at < t),
-                    )
+    claimed = claim_many(db, owner, lease_s, 1)
+    return claimed[0] if claimed else None
+
+
+def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[ClaimedJob]:
+    """Take up to `limit` runnable jobs in one transaction (one commit, not one per job),
+    marking their documents `parsing`."""
+    t = now()
+    claimed: list[ClaimedJob] = []
+    with db.write() as session:
+        stmt = (
+            select(IngestJob)
+            .where(
+                or_(
+                    and_(IngestJob.state == "queued", IngestJob.run_after <= t),
+                    and_(IngestJob.state == "running", IngestJob.lease_expires_at < t),
                 )
-                .order_by(IngestJob.run_after, IngestJob.id)
-                .limit(1)
             )
-            if not db.is_sqlite:
-                stmt = stmt.with_for_update(skip_locked=True)
-            job = session.scalar(stmt)
-            if job is None:
-                return None
+            .order_by(IngestJob.run_after, IngestJob.id)
+            .limit(limit)
+        )
+        if not db.is_sqlite:
+            stmt = stmt.with_for_update(skip_locked=True)
+        for job in session.scalars(stmt).all():
             if job.state == "running" and job.attempts >= job.max_attempts:
                 # Its worker died on every attempt: stop feeding it to workers.
                 _finish_failed(
@@ -93,9 +98,26 @@ def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
             job.lease_owner = owner
             job.lease_expires_at = t + lease_s
             job.updated_at = t
-            return ClaimedJob(
-                job.id, job.document_id, job.collection_id, job.attempts, job.max_attempts, owner
+            claimed.append(
+                ClaimedJob(
+                    job.id,
+                    job.document_id,
+                    job.collection_id,
+                    job.attempts,
+                    job.max_attempts,
+                    owner,
+                )
             )
+        if claimed:
+            session.execute(
+                update(Document)
+                .where(
+                    Document.id.in_([c.document_id for c in claimed]),
+                    Document.deleted_at.is_(None),
+                )
+                .values(status="parsing", updated_at=t)
+            )
+    return claimed
 
 
 def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:
@@ -139,15 +161,20 @@ def load_input(db: Database, job: ClaimedJob) -> JobInput | None:
     )
 
 
-def set_status(db: Database, job: ClaimedJob, status: str) -> None:
+def set_status(db: Database, held: list[ClaimedJob], status: str) -> None:
+    """One transaction for a batch; jobs whose lease was lost are left alone."""
     with db.write() as session:
-        if session.scalar(select(IngestJob.id).where(_ours(job))) is None:
-            raise LeaseLost(job.id)
-        session.execute(
-            update(Document)
-            .where(Document.id == job.document_id, Document.deleted_at.is_(None))
-            .values(status=status, updated_at=now())
-        )
+        ours = [
+            job.document_id
+            for job in held
+            if session.scalar(select(IngestJob.id).where(_ours(job))) is not None
+        ]
+        if ours:
+            session.execute(
+                update(Document)
+                .where(Document.id.in_(ours), Document.deleted_at.is_(None))
+                .values(status=status, updated_at=now())
+            )
 
 
 def chunk_uid(document_id: str, row: ChunkRow) -> str:

@@ -49,6 +49,7 @@ class Pipeline:
         prepared = self.prepare(job, still_ours)
         if prepared is None:
             return "cancelled"
+        jobs.set_status(self.db, [job], "embedding")
         [vectors] = self.embed([prepared])
         return self.finish(job, prepared, vectors, still_ours)
 
@@ -64,8 +65,7 @@ class Pipeline:
                 f"{self.embedder.model_id!r}"
             )
 
-        jobs.set_status(self.db, job, "parsing")
-        text = self.parse(inp.data, inp.media_type)
+        text = self.parse(inp.data, inp.media_type)  # `parsing` was set when it was claimed
 
         still_ours()
         max_tokens = min(inp.chunk_tokens, self.embedder.max_tokens)
@@ -76,7 +76,6 @@ class Pipeline:
         chunks = [
             ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans
         ]
-        jobs.set_status(self.db, job, "embedding")
         return Prepared(text, chunks)
 
     def embed(self, batch: list[Prepared]) -> list[npt.NDArray[np.float32]]:

@@ -89,6 +89,7 @@ class Worker:
                     ready.append((job, prepared))
             if ready:
                 try:
+                    jobs.set_status(self.db, [job for job, _ in ready], "embedding")
                     vectors = self.pipeline.embed([p for _, p in ready])
                 except Exception as exc:
                     log.exception("embedding failed for %d jobs", len(ready))
@@ -106,13 +107,9 @@ class Worker:
         return True
 
     def _claim_batch(self) -> list[ClaimedJob]:
-        held: list[ClaimedJob] = []
-        while len(held) < self.settings.claim_batch:
-            job = jobs.claim(self.db, self.owner, self.settings.lease_s)
-            if job is None:
-                break
-            held.append(job)
-        return held
+        return jobs.claim_many(
+            self.db, self.owner, self.settings.lease_s, self.settings.claim_batch
+        )
 
     def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
         """Run one job's step; its failure fails (or retries) that job alone."""

@@ -414,6 +414,8 @@ class FaissHNSWIndex(_FaissBase):
         self.ef_search = ef_search
         self._index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
         self._index.hnsw.efConstruction = ef_construction
+        self._index.hnsw.efSearch = ef_search
+        self._ef = ef_search  # the index-wide efSearch, for unfiltered searches
         self._labels = np.zeros(0, dtype=np.int64)  # slot -> label
         self._alive = np.zeros(0, dtype=bool)  # slot -> not tombstoned
         self._slot: dict[int, int] = {}  # live label -> slot
@@ -479,6 +481,38 @@ class FaissHNSWIndex(_FaissBase):
         self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
     ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
+        if allowed is None and not params.exact:
+            # The common case: no filter, no tombstones. A plain search at the index-wide
+            # efSearch (like hnswlib's set_ef) skips building per-call SWIG parameters.
+            ef = max(params.ef_search or self.ef_search, params.k)
+            with self._lock.read():
+                if ef == self._ef:
+                    hits = self._plain(queries, params.k)
+                    if hits is not None:
+                        return hits
+            if ef != self._ef:
+                with self._lock.write():
+                    self._index.hnsw.efSearch = ef
+                    self._ef = ef
+                    hits = self._plain(queries, params.k)
+                    if hits is not None:
+                        return hits
+        return self._search(queries, params, allowed)
+
+    def _plain(self, queries: Vectors, k: int) -> list[Hits] | None:
+        """Unfiltered graph search, or None when it does not apply (tombstones, k covering
+        every vector, or a walk that came back short)."""
+        limit = len(self._slot)
+        if k >= limit or self.deleted_count:
+            return None
+        scores, slots = self._index.search(queries, k)
+        if slots.min() < 0:
+            return None
+        return unpad(scores, self._labels[slots])
+
+    def _search(
+        self, queries: Vectors, params: SearchParams, allowed: Allowed | None
+    ) -> list[Hits]:
         with self._lock.read():
             subset = None if allowed is None else self._allowed_live(allowed)
             limit = len(self._slot) if subset is None else len(subset)
@@ -540,6 +574,7 @@ class FaissHNSWIndex(_FaissBase):
         meta = read_meta(path, cls.kind)
         index = cls(int(meta["dim"]), **meta["params"])
         index._index = faiss.read_index(str(path / INDEX_FILE))
+        index._index.hnsw.efSearch = index._ef
         index._labels = np.load(path / "labels.npy", allow_pickle=False).astype(np.int64)
         index._alive = np.load(path / "alive.npy", allow_pickle=False).astype(bool)
         if len(index._labels) != index._index.ntotal or len(index._alive) != len(index._labels):

@@ -9,6 +9,7 @@ count, after deletes, or under a tight filter.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ class HnswIndex:
         self._ef = ef_search
         # hnswlib keeps deleted labels in its lookup table, so the live set is tracked here.
         self._live: set[int] = set()
+        # (labels, vectors) of the live set for exact search; None when stale.
+        self._matrix: tuple[Ids, Vectors] | None = None
+        self._matrix_lock = threading.Lock()
         self._lock = RWLock()
 
     @property
@@ -108,6 +112,7 @@ class HnswIndex:
             threads = -1 if len(ids) >= 1000 else 1  # big builds use every core
             self._index.add_items(vectors, ids, num_threads=threads)
             self._live.update(ids.tolist())
+            self._matrix = None
 
     def remove(self, ids: Ids) -> int:
         removed = 0
@@ -117,6 +122,8 @@ class HnswIndex:
                     self._index.mark_deleted(label)
                     self._live.discard(label)
                     removed += 1
+            if removed:
+                self._matrix = None
         return removed
 
     def search(
@@ -179,8 +186,12 @@ class HnswIndex:
         return [Hits(ids[i], scores[i]) for i in range(ids.shape[0])]
 
     def _brute_force(self, queries: Vectors, allowed: set[int] | None, k: int) -> list[Hits]:
-        pool = allowed if allowed is not None else self._live
-        labels = np.fromiter(pool, dtype=np.int64, count=len(pool))
+        if allowed is None:
+            # Exact search over everything: a cached copy of the live vectors, so `exact`
+            # costs one matrix product, not a copy out of hnswlib per query.
+            labels, vectors = self._live_matrix()
+            return brute_force(queries, vectors, labels, k)
+        labels = np.fromiter(allowed, dtype=np.int64, count=len(allowed))
         parts = []
         for start in range(0, len(labels), _BLOCK):
             block = labels[start : start + _BLOCK]
@@ -189,6 +200,22 @@ class HnswIndex:
         if not parts:
             return [Hits() for _ in range(len(queries))]
         return parts[0] if len(parts) == 1 else merge_hits(parts, k)
+
+    def _live_matrix(self) -> tuple[Ids, Vectors]:
+        cached = self._matrix
+        if cached is None:
+            with self._matrix_lock:
+                cached = self._matrix
+                if cached is None:
+                    labels = np.fromiter(self._live, dtype=np.int64, count=len(self._live))
+                    vectors = np.zeros((len(labels), self.dim), np.float32)
+                    for start in range(0, len(labels), _BLOCK):
+                        block = labels[start : start + _BLOCK]
+                        vectors[start : start + len(block)] = self._index.get_items(
+                            block, return_type="numpy"
+                        )
+                    cached = self._matrix = (labels, vectors)
+        return cached
 
     def save(self, path: Path) -> None:
         with self._lock.read():
