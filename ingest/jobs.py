@@ -184,6 +184,16 @@ def chunk_uid(document_id: str, row: ChunkRow) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A job ready to be written: its text, chunks and their vectors."""
+
+    job: ClaimedJob
+    text: str
+    chunks: Sequence[ChunkRow]
+    vectors: npt.NDArray[np.float32]
+
+
 def complete(
     db: Database,
     job: ClaimedJob,
@@ -195,52 +205,72 @@ def complete(
 ) -> str:
     """One transaction: chunks with their vectors, change-log rows, document indexed, job
     done. Returns the job's final state."""
-    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    state = complete_many(db, [Finished(job, text, chunks, vectors)], embedding_model)[job.id]
+    if state == "lost":
+        raise LeaseLost(job.id)
+    return state
+
+
+def complete_many(db: Database, batch: Sequence[Finished], embedding_model: str) -> dict[str, str]:
+    """Write a batch of jobs in one transaction (one commit for the batch). Each job is still
+    fenced on its own lease: a job whose lease was lost is skipped ("lost") and the others are
+    written. Returns each job's final state: done, cancelled or lost."""
+    states: dict[str, str] = {}
     with db.write() as session:
-        job_row = session.scalar(select(IngestJob).where(_ours(job)))
-        if job_row is None:
-            raise LeaseLost(job.id)
-        lock_collection(session, job.collection_id)
-        doc = session.get(Document, job.document_id)
-        t = now()
-        if doc is None or doc.deleted_at is not None:
-            job_row.state, job_row.error = "cancelled", "document deleted"
-            job_row.finished_at = job_row.updated_at = t
-            job_row.lease_owner = None
-            return "cancelled"
-        rows = [
-            Chunk(
-                uid=chunk_uid(doc.id, c),
-                document_id=doc.id,
-                collection_id=doc.collection_id,
-                tenant_id=doc.tenant_id,
-                ordinal=c.ordinal,
-                text=c.text,
-                start_char=c.start_char,
-                end_char=c.end_char,
-                token_count=c.token_count,
-                embedding=vectors[i].tobytes(),
-                embedding_model=embedding_model,
-            )
-            for i, c in enumerate(chunks)
-        ]
-        session.add_all(rows)
-        session.flush()
-        session.add_all(
-            ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
-            for r in rows
-        )
-        doc.text = text
-        doc.status = "indexed"
-        doc.chunk_count = len(rows)
-        doc.error = None
-        doc.indexed_at = doc.updated_at = t
-        job_row.state = "done"
-        job_row.error = None
+        # Collection rows locked in one order, so two workers cannot deadlock.
+        for collection_id in sorted({f.job.collection_id for f in batch}):
+            lock_collection(session, collection_id)
+        for item in batch:
+            states[item.job.id] = _write_job(session, item, embedding_model)
+    return states
+
+
+def _write_job(session, item: Finished, embedding_model: str) -> str:  # type: ignore[no-untyped-def]
+    job = item.job
+    job_row = session.scalar(select(IngestJob).where(_ours(job)))
+    if job_row is None:
+        return "lost"
+    doc = session.get(Document, job.document_id)
+    t = now()
+    if doc is None or doc.deleted_at is not None:
+        job_row.state, job_row.error = "cancelled", "document deleted"
         job_row.finished_at = job_row.updated_at = t
         job_row.lease_owner = None
-        job_row.lease_expires_at = None
-        return "done"
+        return "cancelled"
+    vectors = np.ascontiguousarray(item.vectors, dtype="<f4")
+    rows = [
+        Chunk(
+            uid=chunk_uid(doc.id, c),
+            document_id=doc.id,
+            collection_id=doc.collection_id,
+            tenant_id=doc.tenant_id,
+            ordinal=c.ordinal,
+            text=c.text,
+            start_char=c.start_char,
+            end_char=c.end_char,
+            token_count=c.token_count,
+            embedding=vectors[i].tobytes(),
+            embedding_model=embedding_model,
+        )
+        for i, c in enumerate(item.chunks)
+    ]
+    session.add_all(rows)
+    session.flush()
+    session.add_all(
+        ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
+        for r in rows
+    )
+    doc.text = item.text
+    doc.status = "indexed"
+    doc.chunk_count = len(rows)
+    doc.error = None
+    doc.indexed_at = doc.updated_at = t
+    job_row.state = "done"
+    job_row.error = None
+    job_row.finished_at = job_row.updated_at = t
+    job_row.lease_owner = None
+    job_row.lease_expires_at = None
+    return "done"
 
 
 def fail(

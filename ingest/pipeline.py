@@ -108,6 +108,19 @@ class Pipeline:
         log.info("job %s: %s, %d chunks", job.id, state, len(prepared.chunks))
         return state
 
+    def finish_many(
+        self, batch: list[tuple[ClaimedJob, Prepared, npt.NDArray[np.float32]]]
+    ) -> dict[str, str]:
+        """Write a batch of jobs in one transaction; each is fenced on its own lease."""
+        states = jobs.complete_many(
+            self.db,
+            [jobs.Finished(job, p.text, p.chunks, v) for job, p, v in batch],
+            self.embedder.model_id,
+        )
+        for job, prepared, _ in batch:
+            log.info("job %s: %s, %d chunks", job.id, states[job.id], len(prepared.chunks))
+        return states
+
     def parse(self, data: bytes, media_type: str) -> str:
         try:
             if media_type in IN_PROCESS_TYPES:

@@ -11,6 +11,9 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from ingest import jobs
 from ingest.jobs import ClaimedJob, LeaseLost
 from ingest.pipeline import PermanentFailure, Pipeline, Prepared
@@ -96,15 +99,34 @@ class Worker:
                     for job, _ in ready:
                         self._guard(job, lambda e=exc: _raise(e))
                 else:
-                    for (job, prepared), vecs in zip(ready, vectors, strict=True):
-                        self._guard(
-                            job,
-                            lambda j=job, p=prepared, v=vecs: self.pipeline.finish(
-                                j, p, v, beat.checker(j)
-                            ),
-                        )
+                    self._finish(ready, vectors, beat)
         self.processed += len(held)
         return True
+
+    def _finish(
+        self,
+        ready: list[tuple[ClaimedJob, Prepared]],
+        vectors: list[npt.NDArray[np.float32]],
+        beat: _Heartbeat,
+    ) -> None:
+        """The whole batch in one transaction; if that fails, each job on its own, so one
+        job's problem fails that job alone."""
+        batch = [(job, p, v) for (job, p), v in zip(ready, vectors, strict=True)]
+        try:
+            states = self.pipeline.finish_many(batch)
+        except Exception:
+            log.exception("writing a batch of %d jobs failed; writing them one by one", len(batch))
+            for job, prepared, vecs in batch:
+                self._guard(
+                    job,
+                    lambda j=job, p=prepared, v=vecs: self.pipeline.finish(
+                        j, p, v, beat.checker(j)
+                    ),
+                )
+            return
+        for job_id, state in states.items():
+            if state == "lost":
+                log.warning("job %s: lease lost; another worker owns it now", job_id)
 
     def _claim_batch(self) -> list[ClaimedJob]:
         return jobs.claim_many(

@@ -231,3 +231,28 @@ def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
     with db.read() as s:
         assert s.get(IngestJob, good).state == "done"  # type: ignore[union-attr]
         assert s.get(IngestJob, bad).state == "failed"  # type: ignore[union-attr]
+
+
+def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
+    from sqlalchemy import update
+
+    from ingest.jobs import ChunkRow, Finished, claim_many, complete_many
+
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    first, second = _upload(db, cid, "one"), _upload(db, cid, "two")
+    held = claim_many(db, "a", 60, 2)
+    assert {j.id for j in held} == {first, second}
+    with db.write() as s:  # another worker took the second job over
+        s.execute(update(IngestJob).where(IngestJob.id == second).values(lease_owner="b"))
+    row = ChunkRow(0, "text", 0, 4, 1)
+    vec = emb.embed(["text"])
+    states = complete_many(db, [Finished(j, "text", [row], vec) for j in held], emb.model_id)
+    assert states == {first: "done", second: "lost"}
+    with db.read() as s:
+        owners = dict(
+            s.execute(select(Chunk.document_id, func.count()).group_by(Chunk.document_id)).all()
+        )
+        done = s.get(IngestJob, first)
+        assert done is not None and owners == {done.document_id: 1}
+        assert s.get(IngestJob, second).state == "running"  # type: ignore[union-attr]
