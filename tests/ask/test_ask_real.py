@@ -97,7 +97,8 @@ def test_openai_client_streams_an_answer_and_remote_generation_works(
     live_api: Callable[..., LiveApi], sqlite_url: str, tmp_path: Any, minilm: Any,
     smollm_engine: Any,
 ) -> None:  # fmt: skip
-    openai = pytest.importorskip("openai")
+    import openai
+
     generator = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine))
     cid = generator.collection(generator.a, name="harbour")
     docs = ingest(generator, generator.a, cid, FACTS)

