@@ -75,7 +75,9 @@ def test_bad_requests_are_refused_before_any_work(fake_engine):
 
 
 def test_overload_refuses_and_nothing_gets_stuck():
-    engine = make_fake_engine(max_waiting=3, max_num_seqs=1, step_delay_s=0.005)
+    # Steps slow enough that nothing finishes while the 20 submissions are made (each request
+    # needs 5 steps), so at most 1 running + 3 waiting are accepted.
+    engine = make_fake_engine(max_waiting=3, max_num_seqs=1, step_delay_s=0.05)
 
     async def main():
         streams = []
