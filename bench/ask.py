@@ -27,6 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rag.api.loopback import LiveServer  # noqa: E402
 from rag.auth import create_key  # noqa: E402
 from rag.config import Settings  # noqa: E402
 from rag.engine import EngineSettings, build_engine  # noqa: E402
@@ -56,35 +57,6 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
-class Server:
-    def __init__(self, app: Any) -> None:
-        import socket
-
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        for _ in range(600):
-            try:
-                httpx.get(f"{self.url}/healthz", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def ingest(client: httpx.Client, headers: dict[str, str], cid: str, docs: list[dict]) -> None:
@@ -222,7 +194,7 @@ def main() -> int:
         headers = {"Authorization": f"Bearer {key}"}
         from rag.api.app import create_app
 
-        with Server(create_app(settings, services)) as server:
+        with LiveServer(create_app(settings, services)) as server:
             client = httpx.Client(base_url=server.url, timeout=600)
             cid = client.post("/v1/collections", json={"name": "bench"},
                               headers=headers).json()["id"]  # fmt: skip
@@ -297,8 +269,9 @@ def main() -> int:
     print(f"\ncitations: {sum(r['cited'] for r in served)}, invalid: {invalid}")
     ours_ttft = pct([r["ttft"] for r in served], 99)
     queued_ttft = pct([r["ttft"] for r in rows[2][2]], 99)
-    print(f"TTFT p99 at the same load: ragserve {ours_ttft:.2f} s, one at a time "
-          f"{queued_ttft:.2f} s")
+    print(
+        f"TTFT p99 at the same load: ragserve {ours_ttft:.2f} s, one at a time {queued_ttft:.2f} s"
+    )
     print(f"FIGURE answers_per_s_vs_naive {served_aps / naive_aps:.2f}")
     print(f"FIGURE invalid_citations {invalid}")
     return 0

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
-import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,40 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quality import DOCFAQ, insert_passages, load_passages, md_table  # noqa: E402
 
 from rag import eval as evaluation  # noqa: E402
-
-
-class Server:
-    """An app under uvicorn on loopback, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", access_log=False
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        import httpx
-
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{self.url}/healthz", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
+from rag.api.loopback import LiveServer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         url = f"/v1/collections/{cid}/search"
         samples: dict[str, list[float]] = {"on": [], "off": []}
         with (
-            Server(create_app(*sides["on"])) as on,
-            Server(create_app(*sides["off"])) as off,
+            LiveServer(create_app(*sides["on"])) as on,
+            LiveServer(create_app(*sides["off"])) as off,
             httpx.Client(base_url=on.url, headers=headers, timeout=60) as c_on,
             httpx.Client(base_url=off.url, headers=headers, timeout=60) as c_off,
         ):

@@ -5,21 +5,18 @@ storage; the end-to-end tests use the real all-MiniLM-L6-v2)."""
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from rag.api.app import create_app
+from rag.api.loopback import LiveServer  # noqa: F401  (tests import it from here)
 from rag.auth import create_key
 from rag.config import Settings
 from rag.db import Database
@@ -188,35 +185,3 @@ def api(make_api: Callable[..., Api], db_url: str, hash_embedder: Embedder) -> A
 @pytest.fixture
 def sqlite_api(make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder) -> Api:
     return make_api(sqlite_url, hash_embedder)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LiveServer:
-    def __init__(self, app: object) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{self.url}/healthz", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)

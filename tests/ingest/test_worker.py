@@ -256,3 +256,29 @@ def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
         done = s.get(IngestJob, first)
         assert done is not None and owners == {done.document_id: 1}
         assert s.get(IngestJob, second).state == "running"  # type: ignore[union-attr]
+
+
+def test_a_failed_batch_write_falls_back_to_one_job_at_a_time(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest import jobs as jobs_module
+
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    ids = [_upload(db, cid, f"document {i} with some words") for i in range(3)]
+    real = jobs_module.complete_many
+    batches: list[int] = []
+
+    def flaky(db_, batch, model):  # type: ignore[no-untyped-def]
+        batches.append(len(batch))
+        if len(batch) > 1:
+            raise RuntimeError("the batch transaction failed")
+        return real(db_, batch, model)
+
+    monkeypatch.setattr(jobs_module, "complete_many", flaky)
+    settings = IngestSettings(lease_s=5, claim_batch=8)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    assert worker.run_once()
+    assert batches == [3, 1, 1, 1]
+    with db.read() as s:
+        assert [s.get(IngestJob, i).state for i in ids] == ["done"] * 3  # type: ignore[union-attr]
