@@ -254,6 +254,10 @@ class Engine:
                     break
                 new = list(self._inbox)
                 self._inbox.clear()
+                # Still queued as far as admission is concerned until the step below has
+                # scheduled them; without this, submit() briefly saw neither the inbox nor
+                # them in the waiting count and admitted past max_waiting.
+                self._waiting_snapshot += len(new)
                 aborts, self._aborts = self._aborts, []
             outbox: list[tuple[_Request, Any]] = []
             for req in new:
