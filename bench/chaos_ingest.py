@@ -60,7 +60,6 @@ def main() -> None:
             "RAG_INGEST__LEASE_S": "1.0",
             "RAG_INGEST__POLL_INTERVAL_S": "0.05",
             "RAG_INGEST__BACKOFF_BASE_S": "0.05",
-            "RAG_INGEST__MAX_ATTEMPTS": "1000",
             "RAG_AUTH__ADMIN_KEY": "bench",
         }
         headers = {"Authorization": "Bearer bench"}

@@ -83,7 +83,8 @@ def pending_jobs(db: Database) -> int:
 def spawn_worker(db_url: str, data_dir: str, **settings: str) -> subprocess.Popen[bytes]:
     """Start `rag worker` as a separate process (for chaos drills: it gets SIGKILLed).
 
-    `settings` are extra RAG_* variables, e.g. RAG_INGEST__LEASE_S="1.0"."""
+    `settings` are extra RAG_* variables, e.g. RAG_INGEST__LEASE_S="1.0". The worker's log
+    goes to `workers.log` in the data directory, for the post-mortem of a failed drill."""
     env = {
         **os.environ,
         "RAG_DATABASE__URL": db_url,
@@ -91,9 +92,11 @@ def spawn_worker(db_url: str, data_dir: str, **settings: str) -> subprocess.Pope
         "RAG_LOG_LEVEL": "WARNING",
         **settings,
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "rag.cli", "worker"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "workers.log"), "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rag.cli", "worker"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )

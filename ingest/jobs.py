@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, select, update
 
 from rag.db import Database
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
@@ -64,60 +64,87 @@ def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
 
 def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[ClaimedJob]:
     """Take up to `limit` runnable jobs in one transaction (one commit, not one per job),
-    marking their documents `parsing`."""
+    marking their documents `parsing`.
+
+    A job whose worker died (its lease expired) comes first and comes alone. If that worker
+    held a batch, nobody knows which job killed it, so the attempt is charged to none of them;
+    each is retried on its own, and only a worker that dies holding one job charges it. A
+    document that crashes workers thus ends `failed` after `max_attempts` solo tries, and its
+    batch-mates are never failed with it."""
     t = now()
-    claimed: list[ClaimedJob] = []
     with db.write() as session:
-        stmt = (
-            select(IngestJob)
-            .where(
-                or_(
-                    and_(IngestJob.state == "queued", IngestJob.run_after <= t),
-                    and_(IngestJob.state == "running", IngestJob.lease_expires_at < t),
-                )
+        recovered = _take_over(session, owner, lease_s, t)
+        if recovered is not None:
+            taken = [recovered]
+        else:
+            stmt = (
+                select(IngestJob)
+                .where(IngestJob.state == "queued", IngestJob.run_after <= t)
+                .order_by(IngestJob.run_after, IngestJob.id)
+                .limit(limit)
             )
-            .order_by(IngestJob.run_after, IngestJob.id)
-            .limit(limit)
-        )
-        if not db.is_sqlite:
-            stmt = stmt.with_for_update(skip_locked=True)
-        for job in session.scalars(stmt).all():
-            if job.state == "running" and job.attempts >= job.max_attempts:
-                # Its worker died on every attempt: stop feeding it to workers.
-                _finish_failed(
-                    session,
-                    job,
-                    f"gave up after {job.attempts} attempts "
-                    "(the worker processing it stopped each time)",
-                )
-                continue
-            if job.state == "running":
-                log.warning("job %s: lease of %s expired, taking over", job.id, job.lease_owner)
-            job.state = "running"
-            job.attempts += 1
-            job.lease_owner = owner
-            job.lease_expires_at = t + lease_s
-            job.updated_at = t
-            claimed.append(
-                ClaimedJob(
-                    job.id,
-                    job.document_id,
-                    job.collection_id,
-                    job.attempts,
-                    job.max_attempts,
-                    owner,
-                )
-            )
-        if claimed:
+            if not db.is_sqlite:
+                stmt = stmt.with_for_update(skip_locked=True)
+            taken = list(session.scalars(stmt).all())
+            for job in taken:
+                job.attempts += 1
+                _lease(job, owner, lease_s, t, len(taken))
+        if taken:
             session.execute(
                 update(Document)
                 .where(
-                    Document.id.in_([c.document_id for c in claimed]),
+                    Document.id.in_([job.document_id for job in taken]),
                     Document.deleted_at.is_(None),
                 )
                 .values(status="parsing", updated_at=t)
             )
-    return claimed
+        return [
+            ClaimedJob(j.id, j.document_id, j.collection_id, j.attempts, j.max_attempts, owner)
+            for j in taken
+        ]
+
+
+def _take_over(session, owner: str, lease_s: float, t: float) -> IngestJob | None:  # type: ignore[no-untyped-def]
+    """The oldest job whose worker died, leased to `owner` alone; jobs that already crashed
+    workers `max_attempts` times on their own end `failed` on the way."""
+    stmt = (
+        select(IngestJob)
+        .where(IngestJob.state == "running", IngestJob.lease_expires_at < t)
+        .order_by(IngestJob.lease_expires_at, IngestJob.id)
+        .limit(16)
+    )
+    if session.get_bind().dialect.name != "sqlite":
+        stmt = stmt.with_for_update(skip_locked=True)
+    for job in session.scalars(stmt).all():
+        if job.claimed_with > 1:
+            log.warning(
+                "job %s: worker %s died holding %d jobs; retrying each alone, uncharged",
+                job.id,
+                job.lease_owner,
+                job.claimed_with,
+            )
+        elif job.attempts >= job.max_attempts:
+            _finish_failed(
+                session,
+                job,
+                f"gave up after {job.attempts} attempts "
+                "(the worker processing it stopped each time)",
+            )
+            continue
+        else:
+            log.warning("job %s: lease of %s expired, taking over", job.id, job.lease_owner)
+            job.attempts += 1
+        _lease(job, owner, lease_s, t, 1)
+        return job
+    return None
+
+
+def _lease(job: IngestJob, owner: str, lease_s: float, t: float, batch: int) -> None:
+    job.state = "running"
+    job.lease_owner = owner
+    job.lease_expires_at = t + lease_s
+    job.claimed_with = batch
+    job.updated_at = t
 
 
 def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:

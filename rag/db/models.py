@@ -173,6 +173,9 @@ class IngestJob(Base):
     state: Mapped[str] = mapped_column(String(20), default="queued")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=5)
+    # How many jobs the current lease was claimed with: a worker that dies holding several
+    # leaves no clue which one killed it, so none of them is charged the attempt.
+    claimed_with: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     run_after: Mapped[float] = mapped_column(Float, default=now)
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -19,8 +19,9 @@ FACTS = [
 ]
 
 
-def _ingest(api: Api, headers: dict[str, str], cid: str, texts: list[str],
-            **extra: object) -> list[str]:
+def _ingest(
+    api: Api, headers: dict[str, str], cid: str, texts: list[str], **extra: object
+) -> list[str]:
     docs = []
     for i, text in enumerate(texts):
         meta = {"n": i, "kind": "even" if i % 2 == 0 else "odd"}
@@ -38,7 +39,9 @@ def _search(api: Api, headers: dict[str, str], cid: str, **body: object) -> dict
 
 @pytest.mark.slow
 def test_search_finds_the_right_passage_with_the_real_model(
-    make_api: Callable[..., Api], db_url: str, minilm  # type: ignore[no-untyped-def]
+    make_api: Callable[..., Api],
+    db_url: str,
+    minilm,  # type: ignore[no-untyped-def]
 ) -> None:
     api = make_api(db_url, minilm)
     cid = api.collection(api.a)
@@ -69,8 +72,9 @@ def test_fewer_chunks_than_k_returns_what_there_is(api: Api) -> None:
 def test_deleted_documents_are_never_returned(api: Api) -> None:
     cid = api.collection(api.a)
     docs = _ingest(api, api.a, cid, FACTS)
-    assert docs[0] in {p["document_id"] for p in _search(api, api.a, cid, query="ferry",
-                                                          k=6)["passages"]}
+    assert docs[0] in {
+        p["document_id"] for p in _search(api, api.a, cid, query="ferry", k=6)["passages"]
+    }
     assert api.client.delete(f"/v1/documents/{docs[0]}", headers=api.a).status_code == 204
     out = _search(api, api.a, cid, query="ferry pier four", k=6, hybrid=0.5)
     assert docs[0] not in {p["document_id"] for p in out["passages"]}
@@ -91,8 +95,11 @@ def test_deleted_documents_never_returned_under_concurrent_search(sqlite_api: Ap
         while not stop.is_set():
             with lock:
                 gone = set(deleted)  # deleted before this search started
-            out = api.client.post(f"/v1/collections/{cid}/search", headers=api.a,
-                                  json={"query": "harbour ferry lighthouse", "k": 24})
+            out = api.client.post(
+                f"/v1/collections/{cid}/search",
+                headers=api.a,
+                json={"query": "harbour ferry lighthouse", "k": 24},
+            )
             found = {p["document_id"] for p in out.json()["passages"]}
             if found & gone:
                 errors.append(f"deleted documents returned: {found & gone}")
@@ -122,8 +129,7 @@ def test_tenants_with_near_duplicate_documents_never_see_each_other(api: Api) ->
         assert {p["document_id"] for p in out["passages"]} <= own
         assert len(out["passages"]) == len(FACTS)
     # The other tenant's collection is not found at all.
-    r = api.client.post(f"/v1/collections/{ca}/search", json={"query": "ferry"},
-                        headers=api.b)
+    r = api.client.post(f"/v1/collections/{ca}/search", json={"query": "ferry"}, headers=api.b)
     assert r.status_code == 404
 
 
@@ -133,8 +139,7 @@ def test_filters_are_applied_inside_the_search(api: Api) -> None:
     out = _search(api, api.a, cid, query="ferry", k=3, filter={"metadata": {"kind": "odd"}})
     assert len(out["passages"]) == 3
     assert all(p["metadata"]["kind"] == "odd" for p in out["passages"])
-    out = _search(api, api.a, cid, query="ferry", k=10,
-                  filter={"document_ids": [docs[2], docs[3]]})
+    out = _search(api, api.a, cid, query="ferry", k=10, filter={"document_ids": [docs[2], docs[3]]})
     assert {p["document_id"] for p in out["passages"]} == {docs[2], docs[3]}
     out = _search(api, api.a, cid, query="ferry", filter={"metadata": {"n": 4}})
     assert [p["document_id"] for p in out["passages"]] == [docs[4]]
@@ -169,8 +174,7 @@ def test_budget_degradation_is_reported(sqlite_api: Api) -> None:
     api = sqlite_api
     cid = api.collection(api.a, index={"kind": "hnsw", "params": {}})
     _ingest(api, api.a, cid, FACTS)
-    out = _search(api, api.a, cid, query="ferry", k=2, ef_search=400, hybrid=0.5,
-                  budget_ms=0.01)
+    out = _search(api, api.a, cid, query="ferry", k=2, ef_search=400, hybrid=0.5, budget_ms=0.01)
     assert out["degraded"] is True
     assert any("ef_search lowered from 400" in d for d in out["degradations"])
     assert any("keyword search skipped" in d for d in out["degradations"])
@@ -185,12 +189,12 @@ def test_collection_search_defaults_and_rebuild_into_another_kind(sqlite_api: Ap
     api = sqlite_api
     cid = api.collection(api.a)
     _ingest(api, api.a, cid, FACTS)
-    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"k": 2},
-                       headers=api.a)
+    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"k": 2}, headers=api.a)
     assert r.status_code == 200 and r.json()["search_defaults"] == {"k": 2}
     assert len(_search(api, api.a, cid, query="ferry")["passages"]) == 2
-    r = api.client.post(f"/v1/collections/{cid}/index/rebuild", json={"kind": "hnsw"},
-                        headers=api.a)
+    r = api.client.post(
+        f"/v1/collections/{cid}/index/rebuild", json={"kind": "hnsw"}, headers=api.a
+    )
     assert r.status_code == 202, r.text
     import time
 
@@ -201,6 +205,7 @@ def test_collection_search_defaults_and_rebuild_into_another_kind(sqlite_api: Ap
             break
         time.sleep(0.1)
     assert out["knobs"]["index_kind"] == "hnsw" and len(out["passages"]) == 6
-    r = api.client.post(f"/v1/collections/{cid}/index/rebuild", json={"kind": "nope"},
-                        headers=api.a)
+    r = api.client.post(
+        f"/v1/collections/{cid}/index/rebuild", json={"kind": "nope"}, headers=api.a
+    )
     assert r.status_code == 422

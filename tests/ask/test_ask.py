@@ -262,8 +262,11 @@ def test_an_answer_without_markers_is_attributed_to_the_passage_it_comes_from(
     api = _api(make_api, sqlite_url, hash_embedder, engine)
     cid = api.collection(api.a)
     ingest(api, api.a, cid, FACTS)
-    body = api.client.post(f"/v1/collections/{cid}/ask", headers=api.a,
-                           json={"question": "Which radio channel?", "k": 3}).json()
+    body = api.client.post(
+        f"/v1/collections/{cid}/ask",
+        headers=api.a,
+        json={"question": "Which radio channel?", "k": 3},
+    ).json()
     given = body["passages"]
     storm = next(p for p in given if "Storm" in p["text"])
     assert [(c["chunk_id"], c["attributed"]) for c in body["citations"]] == [
@@ -273,5 +276,4 @@ def test_an_answer_without_markers_is_attributed_to_the_passage_it_comes_from(
     # Nothing is attributed to a refusal, or to words the passages do not hold.
     passages = [type("P", (), {"text": t})() for t in FACTS]
     assert attribute("I do not know.", passages) == []  # type: ignore[arg-type]
-    assert attribute("Penguins migrate across frozen Antarctic plateaus yearly.",
-                     passages) == []  # type: ignore[arg-type]
+    assert attribute("Penguins migrate across frozen Antarctic plateaus yearly.", passages) == []  # type: ignore[arg-type]

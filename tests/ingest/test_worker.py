@@ -178,6 +178,46 @@ def test_a_job_whose_worker_always_dies_ends_failed(db: Database) -> None:
         assert job is not None and job.state == "failed" and "gave up" in (job.error or "")
 
 
+def test_a_worker_dying_with_a_batch_charges_none_of_it(db: Database) -> None:
+    """Which job of a batch killed its worker is unknown: each is retried alone, uncharged;
+    only a worker dying with one job in hand charges that job."""
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    ids = {_upload(db, cid, f"batch-mate {i}", max_attempts=2) for i in range(3)}
+    held = jobs.claim_many(db, "doomed", lease_s=0.05, limit=8)
+    assert {j.id for j in held} == ids
+    time.sleep(0.1)  # the worker "died" with all three: their leases run out
+    retaken = jobs.claim_many(db, "solo", lease_s=0.05, limit=8)
+    assert len(retaken) == 1 and retaken[0].attempt == 1  # alone, not charged
+    time.sleep(0.1)  # that solo worker died too
+    # The other two are taken over alone and uncharged as well (by workers that live on)...
+    for _ in range(2):
+        [mate] = jobs.claim_many(db, "alive", lease_s=30, limit=8)
+        assert mate.id != retaken[0].id and mate.attempt == 1
+    # ...and the job that killed a worker on its own is charged this time.
+    again = jobs.claim_many(db, "solo-2", lease_s=0.05, limit=8)
+    assert [j.id for j in again] == [retaken[0].id] and again[0].attempt == 2
+    time.sleep(0.1)
+    with db.write() as s:  # the live workers let go of their two
+        for job in s.scalars(select(IngestJob).where(IngestJob.lease_owner == "alive")):
+            job.state, job.lease_owner, job.lease_expires_at = "queued", None, None
+    with db.read() as s:
+        states = {i: s.get(IngestJob, i).state for i in ids}  # type: ignore[union-attr]
+    assert "failed" not in states.values()
+    # A worker that finishes its work: the two uncharged batch-mates are done, and the job
+    # that killed two solo workers ends failed with its reason.
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    while worker.run_once():
+        pass
+    with db.read() as s:
+        final = {i: s.get(IngestJob, i) for i in ids}
+    failed = [j for j in final.values() if j is not None and j.state == "failed"]
+    assert (
+        len(failed) == 1 and failed[0].id == retaken[0].id and "gave up" in (failed[0].error or "")
+    )
+    assert sorted(j.state for j in final.values() if j is not None) == ["done", "done", "failed"]
+
+
 def test_wrong_embedding_model_fails_permanently(db: Database) -> None:
     cid = _collection(db, HashEmbedder(384))
     job_id = _upload(db, cid, "model mismatch")
