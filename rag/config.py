@@ -50,7 +50,7 @@ class IngestSettings(_Section):
     in_process_worker: bool = True
     lease_s: float = Field(60.0, gt=0)
     # Jobs a worker takes at once: their chunks are embedded in one batch.
-    claim_batch: int = Field(16, ge=1, le=256)
+    claim_batch: int = Field(64, ge=1, le=256)
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(2.0, ge=0)
     backoff_max_s: float = Field(300.0, ge=0)
