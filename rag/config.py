@@ -33,6 +33,9 @@ class EmbedSettings(_Section):
     model_path: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     batch_size: int = Field(64, ge=1, le=4096)
+    # torch threads of the thread that embeds search queries (CPU): a query is too small to
+    # gain from more than one, and the other cores stay free for concurrent work.
+    query_threads: int = Field(1, ge=1, le=256)
     hash_dim: int = Field(384, ge=8, le=4096)
 
 

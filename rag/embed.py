@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 import numpy as np
@@ -64,9 +66,88 @@ def pick_device(requested: str) -> str:
         return "cpu"
 
 
+class QueryLane:
+    """One long-lived thread that embeds short requests (search queries), several at a time.
+
+    Why not the caller's thread: torch runs its CPU kernels on an OpenMP team per calling
+    thread, and the web server calls from a pool of threads, so every request thread grew a team
+    of its own; on a small machine those teams throttle each other and a 12-token query took
+    2-3x its single-thread time. The lane keeps one small team (`threads`, 1 by default: a
+    query is too small to gain from more), never waits behind an ingest batch, and embeds the
+    queries that arrived together in one call.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], npt.NDArray[np.float32]], threads: int):
+        self._encode = encode
+        self._inbox: queue.SimpleQueue[tuple[list[str], Future[npt.NDArray[np.float32]]] | None]
+        self._inbox = queue.SimpleQueue()
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(threads, ready), name="embed-queries", daemon=True
+        )
+        import torch
+
+        before = torch.get_num_threads()
+        self._thread.start()
+        ready.wait()
+        # set_num_threads in the lane also moved the process-wide default; put it back (the
+        # lane's own team keeps its size).
+        torch.set_num_threads(before)
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        done: Future[npt.NDArray[np.float32]] = Future()
+        self._inbox.put((texts, done))
+        return done.result()
+
+    def close(self) -> None:
+        self._inbox.put(None)
+
+    def _run(self, threads: int, ready: threading.Event) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        # torch sizes a thread's team lazily, from the process-wide default, on its first
+        # parallel call: make that happen now, before the constructor puts the default back.
+        torch.get_num_threads()
+        ready.set()
+        while True:
+            first = self._inbox.get()
+            if first is None:
+                return
+            batch = [first]
+            while True:  # whatever else is waiting goes in the same call
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._inbox.put(None)
+                    break
+                batch.append(item)
+            texts = [t for item_texts, _ in batch for t in item_texts]
+            try:
+                vectors = self._encode(texts)
+            except BaseException as exc:  # handed to every waiting caller
+                for _, fut in batch:
+                    fut.set_exception(exc)
+                continue
+            start = 0
+            for item_texts, fut in batch:
+                fut.set_result(vectors[start : start + len(item_texts)])
+                start += len(item_texts)
+
+
 class SentenceTransformerEmbedder:
+    # Calls with at most this many texts (search queries) go through the query lane.
+    QUERY_MAX = 8
+
     def __init__(
-        self, model_path: str | None = None, *, device: str = "auto", batch_size: int = 64
+        self,
+        model_path: str | None = None,
+        *,
+        device: str = "auto",
+        batch_size: int = 64,
+        query_threads: int = 1,
     ) -> None:
         # Weights ship inside a package: never reach for a hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,20 +170,30 @@ class SentenceTransformerEmbedder:
         self.dim = int(dim)
         # The model adds [CLS] and [SEP] around what it reads.
         self.max_tokens = int(self._model.max_seq_length) - 2
+        self._lane = QueryLane(self._encode, query_threads) if self.device == "cpu" else None
         log.info("embedder %s loaded on %s (dim %d)", self.model_id, self.device, self.dim)
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
-            vectors = self._model.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+        if self._lane is not None and len(texts) <= self.QUERY_MAX:
+            return self._lane.embed(list(texts))
+        with self._lock:  # ingest batches: one at a time, on the caller's thread
+            return self._encode(list(texts))
+
+    def _encode(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        vectors = self._model.encode(
+            texts,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
 
     def token_spans(self, text: str) -> list[Span]:
         enc = self._tokenizer(
@@ -141,5 +232,8 @@ def build_embedder(settings: EmbedSettings) -> Embedder:
     if settings.backend == "hash":
         return HashEmbedder(settings.hash_dim)
     return SentenceTransformerEmbedder(
-        settings.model_path, device=settings.device, batch_size=settings.batch_size
+        settings.model_path,
+        device=settings.device,
+        batch_size=settings.batch_size,
+        query_threads=settings.query_threads,
     )

@@ -261,7 +261,17 @@ class Retriever:
         ids = [r[0] for r in ranked]
         with self.db.read() as session:
             rows = session.execute(
-                select(Chunk, Document.filename, Document.meta)
+                # Only what a passage shows: the chunk's vector stays in the database.
+                select(
+                    Chunk.id,
+                    Chunk.document_id,
+                    Chunk.ordinal,
+                    Chunk.text,
+                    Chunk.start_char,
+                    Chunk.end_char,
+                    Document.filename,
+                    Document.meta,
+                )
                 .join(Document, Document.id == Chunk.document_id)
                 .where(
                     Chunk.id.in_(ids),
@@ -271,26 +281,25 @@ class Retriever:
                     Document.deleted_at.is_(None),
                 )
             ).all()
-        by_id = {chunk.id: (chunk, filename, meta) for chunk, filename, meta in rows}
+        by_id = {row.id: row for row in rows}
         out = []
         for chunk_id, score, dense, kw in ranked:
-            found = by_id.get(chunk_id)
-            if found is None:
+            row = by_id.get(chunk_id)
+            if row is None:
                 continue  # deleted, or never this tenant's: the index lags the record
-            chunk, filename, meta = found
             out.append(
                 Passage(
-                    chunk.id,
-                    chunk.document_id,
-                    filename,
-                    chunk.ordinal,
-                    chunk.text,
-                    chunk.start_char,
-                    chunk.end_char,
+                    row.id,
+                    row.document_id,
+                    row.filename,
+                    row.ordinal,
+                    row.text,
+                    row.start_char,
+                    row.end_char,
                     score,
                     dense,
                     kw,
-                    meta or {},
+                    row.meta or {},
                 )
             )
         return out

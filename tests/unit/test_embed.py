@@ -1,0 +1,88 @@
+"""The real embedder: queries through the query lane, batches on the caller's thread."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from rag.embed import QueryLane, SentenceTransformerEmbedder
+
+
+def test_queries_and_batches_give_the_same_vectors(minilm: SentenceTransformerEmbedder) -> None:
+    texts = [f"how do I read file number {i} in python" for i in range(12)]
+    batch = minilm.embed(texts)  # 12 texts: the caller's thread
+    one_by_one = np.vstack([minilm.embed([t]) for t in texts])  # the query lane
+    assert batch.shape == (12, minilm.dim)
+    np.testing.assert_allclose(one_by_one, batch, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+
+
+def test_concurrent_queries_each_get_their_own_vector(
+    minilm: SentenceTransformerEmbedder,
+) -> None:
+    texts = [f"question {i}: where is passage {i * 7}?" for i in range(24)]
+    expected = {t: minilm.embed([t])[0] for t in texts}
+    got: dict[str, np.ndarray] = {}
+    barrier = threading.Barrier(len(texts))
+
+    def ask(t: str) -> None:
+        barrier.wait()
+        got[t] = minilm.embed([t])[0]
+
+    threads = [threading.Thread(target=ask, args=(t,)) for t in texts]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in texts:
+        np.testing.assert_allclose(got[t], expected[t], atol=1e-5)
+
+
+def test_the_lane_batches_what_arrives_together_and_passes_errors_on() -> None:
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def encode(texts: list[str]) -> np.ndarray:
+        gate.wait(5)
+        calls.append(len(texts))
+        if "boom" in texts:
+            raise ValueError("bad text")
+        return np.array([[float(len(t))] for t in texts], dtype=np.float32)
+
+    lane = QueryLane(encode, threads=1)
+    results: dict[str, float] = {}
+
+    def ask(t: str) -> None:
+        results[t] = float(lane.embed([t])[0, 0])
+
+    threads = [threading.Thread(target=ask, args=("x" * n,)) for n in range(1, 6)]
+    for th in threads:
+        th.start()
+    while lane._inbox.qsize() < 4:  # one is being encoded; four wait behind it
+        threading.Event().wait(0.01)
+    gate.set()
+    for th in threads:
+        th.join()
+    assert results == {"x" * n: float(n) for n in range(1, 6)}
+    assert calls[0] == 1 and sum(calls) == 5 and len(calls) < 5  # the waiting ones together
+    with pytest.raises(ValueError, match="bad text"):
+        lane.embed(["boom"])
+    assert lane.embed(["ok"])[0, 0] == 2.0  # the lane survived
+    lane.close()
+
+
+def test_the_lane_runs_its_own_thread_count_and_leaves_the_process_default() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    lane = QueryLane(lambda texts: np.array([[float(torch.get_num_threads())]] * len(texts)), 1)
+    assert lane.embed(["q"])[0, 0] == 1.0  # the lane's own team: one thread
+    assert torch.get_num_threads() == before  # everyone else keeps theirs
+    seen: list[int] = []
+    fresh = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    fresh.start()
+    fresh.join()
+    assert seen == [before]  # and threads started later too
+    lane.close()
