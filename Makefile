@@ -40,6 +40,8 @@ format: setup
 	$(VENV)/bin/ruff check --fix rag ingest tests bench migrations
 
 bench: setup
+	# chromadb is what bench/search.py compares against; nothing else needs it.
+	$(PIP) install -q -e '.[bench]'
 	$(PY) bench/run_all.py --quick
 
 clean:
