@@ -73,7 +73,7 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
     batch-mates are never failed with it."""
     t = now()
     with db.write() as session:
-        recovered = _take_over(session, owner, lease_s, t)
+        recovered = _take_over(session, owner, lease_s, t, skip_locked=not db.is_sqlite)
         if recovered is not None:
             taken = [recovered]
         else:
@@ -104,16 +104,18 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
         ]
 
 
-def _take_over(session, owner: str, lease_s: float, t: float) -> IngestJob | None:  # type: ignore[no-untyped-def]
+def _take_over(  # type: ignore[no-untyped-def]
+    session, owner: str, lease_s: float, t: float, *, skip_locked: bool
+) -> IngestJob | None:
     """The oldest job whose worker died, leased to `owner` alone; jobs that already crashed
     workers `max_attempts` times on their own end `failed` on the way."""
     stmt = (
         select(IngestJob)
         .where(IngestJob.state == "running", IngestJob.lease_expires_at < t)
         .order_by(IngestJob.lease_expires_at, IngestJob.id)
-        .limit(16)
+        .limit(_TAKE_OVER_SCAN)
     )
-    if session.get_bind().dialect.name != "sqlite":
+    if skip_locked:
         stmt = stmt.with_for_update(skip_locked=True)
     for job in session.scalars(stmt).all():
         if job.claimed_with > 1:
@@ -137,6 +139,11 @@ def _take_over(session, owner: str, lease_s: float, t: float) -> IngestJob | Non
         _lease(job, owner, lease_s, t, 1)
         return job
     return None
+
+
+# Expired jobs looked at per claim: those past max_attempts are failed on the way to the first
+# one that can still run.
+_TAKE_OVER_SCAN = 16
 
 
 def _lease(job: IngestJob, owner: str, lease_s: float, t: float, batch: int) -> None:

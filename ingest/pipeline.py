@@ -16,7 +16,7 @@ from ingest.jobs import ChunkRow, ClaimedJob
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
 from rag.db import Database
-from rag.embed import Embedder
+from rag.embed import Embedder, split_rows
 from rag.errors import ParseError, UnsupportedMediaType
 
 log = logging.getLogger(__name__)
@@ -82,12 +82,7 @@ class Pipeline:
         """One encode call for the chunks of several jobs (the model batches and sorts them by
         length itself), split back per job."""
         texts = [c.text for p in batch for c in p.chunks]
-        vectors = self.embedder.embed(texts)
-        out, start = [], 0
-        for p in batch:
-            out.append(vectors[start : start + len(p.chunks)])
-            start += len(p.chunks)
-        return out
+        return split_rows(self.embedder.embed(texts), [len(p.chunks) for p in batch])
 
     def finish(
         self,

@@ -66,6 +66,15 @@ def pick_device(requested: str) -> str:
         return "cpu"
 
 
+def split_rows(
+    vectors: npt.NDArray[np.float32], counts: Sequence[int]
+) -> list[npt.NDArray[np.float32]]:
+    """One encode call's rows handed back per caller: the first counts[0] rows, the next
+    counts[1], and so on."""
+    bounds = np.cumsum([0, *counts])
+    return [vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 class QueryLane:
     """One long-lived thread that embeds short requests (search queries), several at a time.
 
@@ -131,10 +140,9 @@ class QueryLane:
                 for _, fut in batch:
                     fut.set_exception(exc)
                 continue
-            start = 0
-            for item_texts, fut in batch:
-                fut.set_result(vectors[start : start + len(item_texts)])
-                start += len(item_texts)
+            parts = split_rows(vectors, [len(item_texts) for item_texts, _ in batch])
+            for (_, fut), part in zip(batch, parts, strict=True):
+                fut.set_result(part)
 
 
 class SentenceTransformerEmbedder:
