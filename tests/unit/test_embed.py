@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -41,12 +42,14 @@ def test_concurrent_queries_each_get_their_own_vector(
 
 
 def test_the_lane_batches_what_arrives_together_and_passes_errors_on() -> None:
-    calls: list[int] = []
-    gate = threading.Event()
+    calls: list[list[str]] = []
+    started, gate = threading.Event(), threading.Event()
 
     def encode(texts: list[str]) -> np.ndarray:
-        gate.wait(5)
-        calls.append(len(texts))
+        if texts == ["block"]:  # holds the lane while the others queue up behind it
+            started.set()
+            gate.wait(10)
+        calls.append(texts)
         if "boom" in texts:
             raise ValueError("bad text")
         return np.array([[float(len(t))] for t in texts], dtype=np.float32)
@@ -57,16 +60,21 @@ def test_the_lane_batches_what_arrives_together_and_passes_errors_on() -> None:
     def ask(t: str) -> None:
         results[t] = float(lane.embed([t])[0, 0])
 
+    blocker = threading.Thread(target=ask, args=("block",))
+    blocker.start()
+    assert started.wait(10)
     threads = [threading.Thread(target=ask, args=("x" * n,)) for n in range(1, 6)]
     for th in threads:
         th.start()
-    while lane._inbox.qsize() < 4:  # one is being encoded; four wait behind it
-        threading.Event().wait(0.01)
+    deadline = time.monotonic() + 10
+    while lane._inbox.qsize() < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     gate.set()
-    for th in threads:
-        th.join()
-    assert results == {"x" * n: float(n) for n in range(1, 6)}
-    assert calls[0] == 1 and sum(calls) == 5 and len(calls) < 5  # the waiting ones together
+    for th in [blocker, *threads]:
+        th.join(10)
+    assert results == {"block": 5.0, **{"x" * n: float(n) for n in range(1, 6)}}
+    assert calls[0] == ["block"]
+    assert sorted(calls[1]) == ["x" * n for n in range(1, 6)]  # the waiting five, one call
     with pytest.raises(ValueError, match="bad text"):
         lane.embed(["boom"])
     assert lane.embed(["ok"])[0, 0] == 2.0  # the lane survived
