@@ -49,6 +49,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings()
     logs.setup(settings.log_level, settings.log_json)
+    # A worker embeds documents, never search queries: no ONNX export for queries at start.
+    settings.embed.query_backend = "torch"
     services = build_services(settings, in_process_worker=False, announce_admin_key=False)
     workers = [make_worker(services) for _ in range(args.concurrency)]
     stop = threading.Event()

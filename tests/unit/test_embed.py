@@ -1,4 +1,5 @@
-"""The real embedder: queries through the query lane, batches on the caller's thread."""
+"""The real embedder: queries through the query lane (ONNX Runtime, or torch), batches on the
+caller's thread with torch; all give the same vectors."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ def test_queries_and_batches_give_the_same_vectors(minilm: SentenceTransformerEm
     assert batch.shape == (12, minilm.dim)
     np.testing.assert_allclose(one_by_one, batch, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    assert minilm._onnx is not None  # queries went through ONNX Runtime, batches through torch
+
+
+def test_the_torch_query_backend_gives_the_same_vectors(
+    minilm: SentenceTransformerEmbedder,
+) -> None:
+    plain = SentenceTransformerEmbedder(device="cpu", query_backend="torch")
+    texts = ["what is a closure in perl", "rome"]
+    for t in texts:
+        np.testing.assert_allclose(plain.embed([t]), minilm.embed([t]), atol=1e-5)
+    assert plain._onnx is None
+    plain.close()
 
 
 def test_concurrent_queries_each_get_their_own_vector(
