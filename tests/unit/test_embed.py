@@ -107,3 +107,21 @@ def test_the_lane_runs_its_own_thread_count_and_leaves_the_process_default() -> 
     fresh.join()
     assert seen == [before]  # and threads started later too
     lane.close()
+
+
+def test_the_onnx_encoder_declines_what_it_cannot_export(
+    minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag.embed import OnnxQueryEncoder
+
+    # Not transformer + mean pooling + normalize: torch it is.
+    assert OnnxQueryEncoder.build([minilm._model[0]], threads=1) is None
+
+    # The exporter fails: logged, and torch it is.
+    import torch
+
+    def broken_export(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("exporter broke")
+
+    monkeypatch.setattr(torch.onnx, "export", broken_export)
+    assert OnnxQueryEncoder.build(minilm._model, threads=1) is None
