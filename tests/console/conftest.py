@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,6 +126,47 @@ def console(tmp_path: Path) -> Iterator[Console]:
     other, _ = create_key(services.db, "tenant-b")
     with LiveServer(app) as server:
         yield Console(server.url, services, engine, key, other, {"Authorization": f"Bearer {key}"})
+
+
+class Hold:
+    """Holds the service's ingest worker before a pipeline step (`parse` or `embed`) until the
+    test lets it go, so a browser can watch documents sit in `parsing`, `embedding` or, behind
+    them, `queued`. Records which steps were entered, and lets everything go at teardown."""
+
+    def __init__(self, services: Services, timeout_s: float = 60.0) -> None:
+        (worker,) = services.workers
+        self.pipeline = worker.pipeline
+        self.timeout_s = timeout_s  # a forgotten gate never wedges the worker for good
+        self.gates: dict[str, threading.Event] = {}
+        self.entered: list[str] = []
+
+    def close(self, *steps: str) -> None:
+        for step in steps:
+            if step not in self.gates:
+                self.gates[step] = threading.Event()
+                setattr(self.pipeline, step, self._held(step, getattr(self.pipeline, step)))
+            self.gates[step].clear()
+
+    def open(self, *steps: str) -> None:
+        for step in steps or tuple(self.gates):
+            self.gates[step].set()
+
+    def _held(self, step: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            self.entered.append(step)
+            self.gates[step].wait(self.timeout_s)
+            return inner(*args, **kwargs)
+
+        return held
+
+
+@pytest.fixture
+def hold(console: Console) -> Iterator[Hold]:
+    h = Hold(console.services)
+    try:
+        yield h
+    finally:
+        h.open()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from rag.embed import Embedder
 from rag.tune import tune
 from tests.conftest import Api
-from tests.console.conftest import Console
+from tests.console.conftest import Console, Hold
 
 WAIT_S = 30
 
@@ -132,8 +132,10 @@ def _drop_files(driver: Any, files: dict[str, str]) -> None:
     driver.execute_script(
         """
         const dt = new DataTransfer();
+        const types = {pdf: "application/pdf", md: "text/markdown"};
         for (const [name, text] of Object.entries(arguments[0])) {
-          dt.items.add(new File([text], name, {type: "text/plain"}));
+          const type = types[name.split(".").pop()] || "text/plain";
+          dt.items.add(new File([text], name, {type}));
         }
         const zone = document.getElementById("dropzone");
         zone.dispatchEvent(new DragEvent("dragover", {dataTransfer: dt, bubbles: true}));
@@ -141,6 +143,21 @@ def _drop_files(driver: Any, files: dict[str, str]) -> None:
         """,
         files,
     )
+
+
+def _document_text(chunks: list[dict[str, Any]]) -> str:
+    """A document's text rebuilt from its chunks (each is the text between its offsets)."""
+    text = ""
+    for ch in sorted(chunks, key=lambda ch: ch["start_char"]):
+        text = text.ljust(ch["start_char"]) + ch["text"][max(0, len(text) - ch["start_char"]) :]
+    return text
+
+
+def _statuses(driver: Any) -> dict[str, str]:
+    return {
+        r.find_element(*_by(".filename")).text: str(r.get_attribute("data-status"))
+        for r in driver.find_elements(*_by("#documents-body tr"))
+    }
 
 
 def _no_remote_images(driver: Any, console: Console) -> None:
@@ -215,7 +232,13 @@ def test_upload_watch_ask_and_open_a_citation(
     console: Console, browser: Any, shots: Path, tmp_path: Path
 ) -> None:
     driver = browser
-    cid = _api_collection(console, "atlas", description="Facts about Freedonia")
+    # Small chunks, so a cited passage has neighbours to show around it.
+    cid = _api_collection(
+        console,
+        "atlas",
+        description="Facts about Freedonia",
+        chunking={"tokens": 16, "overlap": 4},
+    )
     _sign_in(driver, console)
     driver.get(f"{console.url}/console#/c/{cid}/documents")
     _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
@@ -228,7 +251,6 @@ def test_upload_watch_ask_and_open_a_citation(
     rows = _wait_indexed(driver, 3)
     names = sorted(r.find_element(*_by(".filename")).text for r in rows)
     assert names == ["bakeries.md", "freedonia.txt", "river.txt"]
-    driver.save_screenshot(str(shots / "console-documents.png"))
 
     driver.find_element(*_by("#tab-ask")).click()
     question = driver.find_element(*_by("#ask-question"))
@@ -276,8 +298,83 @@ def test_upload_watch_ask_and_open_a_citation(
     lo, hi = first["start_char"] - chunk["start_char"], first["end_char"] - chunk["start_char"]
     assert mark.text.split() == chunk["text"][lo:hi].split()
     assert first["filename"] in title
+    # Around the span, the text of its neighbouring chunks: here, the rest of a short document.
+    assert len(chunks) > 1
+    context = driver.find_elements(*_by("#citation-text .context"))
+    assert "".join(c.text for c in context).strip()
+    shown = driver.find_element(*_by("#citation-text")).text
+    assert shown.split() == _document_text(chunks).split()
     driver.save_screenshot(str(shots / "console-ask.png"))
     _no_page_errors(driver)
+
+
+BROKEN_PDF = "%PDF-1.7\n%broken beyond repair\n"
+
+
+@pytest.mark.slow
+def test_document_list_is_live_failures_say_why_and_delete(
+    console: Console, browser: Any, shots: Path, hold: Hold
+) -> None:
+    driver = browser
+    cid = _api_collection(console, "atlas", description="Facts about Freedonia")
+    _sign_in(driver, console)
+    driver.get(f"{console.url}/console#/c/{cid}/documents")
+    _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
+
+    # One good file and one that cannot be parsed: the failure shows its reason.
+    _drop_files(driver, {"freedonia.txt": DOC_FREEDONIA, "scan.pdf": BROKEN_PDF})
+    _wait(
+        lambda: _statuses(driver) == {"freedonia.txt": "indexed", "scan.pdf": "failed"},
+        "one indexed, one failed",
+    )
+    failed = driver.find_element(*_by("#documents-body tr[data-status='failed']"))
+    assert "PDF could not be read" in failed.find_element(*_by(".reason")).text
+
+    # The list follows each document through the pipeline without a reload: hold the worker
+    # in parse, then in embed, with a second upload queued behind it.
+    hold.close("parse", "embed")
+    _drop_files(driver, {"river.txt": DOC_RIVER})
+    _wait(lambda: _statuses(driver).get("river.txt") == "parsing", "river.txt parsing")
+    third = {"bakeries.md": "# Bakeries\n\nFredville's bakeries open at dawn.\n"}
+    _drop_files(driver, third)
+    _wait(lambda: _statuses(driver).get("bakeries.md") == "queued", "bakeries.md queued")
+    driver.save_screenshot(str(shots / "console-documents.png"))
+    hold.open("parse")
+    _wait(lambda: _statuses(driver).get("river.txt") == "embedding", "river.txt embedding")
+    assert _statuses(driver)["bakeries.md"] == "queued"
+    hold.open("embed")
+    _wait_indexed_or_failed(driver, 4)
+    assert _statuses(driver) == {
+        "freedonia.txt": "indexed",
+        "scan.pdf": "failed",
+        "river.txt": "indexed",
+        "bakeries.md": "indexed",
+    }
+    assert hold.entered.count("parse") >= 2  # the worker really was held
+
+    # Delete: the row goes, and the document is gone from the API too.
+    (row,) = [
+        r
+        for r in driver.find_elements(*_by("#documents-body tr"))
+        if r.find_element(*_by(".filename")).text == "river.txt"
+    ]
+    doc_id = row.get_attribute("data-id")
+    row.find_element(*_by("button.danger")).click()
+    driver.switch_to.alert.accept()
+    _wait(lambda: "river.txt" not in _statuses(driver), "the row gone")
+    assert len(_statuses(driver)) == 3
+    r = httpx.get(f"{console.url}/v1/documents/{doc_id}", headers=console.headers)
+    assert r.status_code == 404, r.text
+    _no_page_errors(driver)
+
+
+def _wait_indexed_or_failed(driver: Any, n: int) -> list[Any]:
+    def rows() -> list[Any] | None:
+        found = driver.find_elements(*_by("#documents-body tr"))
+        done = [r for r in found if r.get_attribute("data-status") in ("indexed", "failed")]
+        return found if len(found) == n and len(done) == n else None
+
+    return _wait(rows, f"{n} documents done")  # type: ignore[no-any-return]
 
 
 HOSTILE = (

@@ -11,6 +11,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
 (function () {
   const KEY = "ragserve.apiKey";
   const POLL_MS = 1000;
+  // Characters of the cited passage's surroundings shown on each side of the cited span.
+  const CONTEXT_CHARS = 400;
   const STATUSES = ["queued", "parsing", "embedding", "indexed", "failed"];
 
   const $ = (id) => document.getElementById(id);
@@ -565,8 +567,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     return p ? { marker: n, ...p } : null;
   }
 
-  // Open the cited passage: the chunk from the document's chunk list, with the cited span
-  // (document character offsets) highlighted.
+  // Open the cited passage where it stands in its document: the cited span (document
+  // character offsets) highlighted, with the text of the neighbouring chunks around it.
   async function openCitation(n, c) {
     const box = $("citation");
     const text = $("citation-text");
@@ -574,38 +576,70 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     clear(text);
     append(text, "Loading…");
     box.hidden = false;
-    let chunk;
+    let chunks;
     try {
-      chunk = await findChunk(c);
+      chunks = await citedChunks(c);
     } catch (err) {
       clear(text);
       return append(text, err.message);
     }
     clear(text);
-    if (!chunk) return append(text, "The cited passage is no longer available.");
-    const from = Math.max(0, Math.min(chunk.text.length, (c.start_char ?? chunk.start_char) - chunk.start_char));
-    const to = Math.max(from, Math.min(chunk.text.length, (c.end_char ?? chunk.end_char) - chunk.start_char));
-    append(text, chunk.text.slice(0, from));
-    const mark = el("mark", { class: "cited", text: chunk.text.slice(from, to) });
+    if (!chunks) return append(text, "The cited passage is no longer available.");
+    const { chunk, around } = chunks;
+    const start = c.start_char ?? chunk.start_char;
+    const end = Math.max(start, c.end_char ?? chunk.end_char);
+    const first = around[0];
+    const last = around[around.length - 1];
+    const lo = Math.max(first.start_char, start - CONTEXT_CHARS);
+    const hi = Math.min(last.end_char, end + CONTEXT_CHARS);
+    if (lo > first.start_char || first.ordinal > 0) append(text, "…");
+    append(text, el("span", { class: "context", text: textBetween(around, lo, start) }));
+    const mark = el("mark", { class: "cited", text: textBetween(around, start, end) });
     text.appendChild(mark);
-    append(text, chunk.text.slice(to));
-    $("citation-title").textContent +=
-      " · characters " + (c.start_char ?? chunk.start_char) + "–" + (c.end_char ?? chunk.end_char);
+    append(text, el("span", { class: "context", text: textBetween(around, end, hi) }));
+    if (hi < last.end_char) append(text, "…");
+    $("citation-title").textContent += " · characters " + start + "–" + end;
     mark.scrollIntoView({ block: "nearest" });
   }
 
-  async function findChunk(c) {
+  // The cited chunk, found by id (or else by the cited offset), with its neighbours.
+  async function citedChunks(c) {
     const base = "/v1/documents/" + encodeURIComponent(c.document_id) + "/chunks";
     const limit = 1000;
+    let chunk = null;
     let fallback = null;
-    for (let offset = 0; ; offset += limit) {
+    for (let offset = 0; !chunk; offset += limit) {
       const page = await api("GET", base + "?limit=" + limit + "&offset=" + offset);
       for (const ch of page.chunks) {
-        if (ch.id === c.chunk_id || ch.uid === c.chunk_id) return ch;
+        if (ch.id === c.chunk_id || ch.uid === c.chunk_id) chunk = ch;
         if (!fallback && c.start_char >= ch.start_char && c.start_char < ch.end_char) fallback = ch;
       }
-      if (page.chunks.length < limit) return fallback;
+      if (page.chunks.length < limit) break;
     }
+    chunk = chunk || fallback;
+    if (!chunk) return null;
+    // Chunks are listed by ordinal, so the neighbours are the ones either side of it.
+    const page = await api("GET", base + "?limit=3&offset=" + Math.max(0, chunk.ordinal - 1));
+    const around = page.chunks.some((ch) => ch.id === chunk.id) ? page.chunks : [chunk];
+    return { chunk, around };
+  }
+
+  // The document's text between two character offsets, from its chunks: each chunk is the
+  // document's text between its own offsets, and neighbours overlap or leave out only what
+  // the tokenizer skipped between them (whitespace), which comes back as one space.
+  function textBetween(chunks, from, to) {
+    let out = "";
+    let pos = from;
+    for (const ch of chunks) {
+      if (ch.end_char <= pos || ch.start_char >= to) continue;
+      if (ch.start_char > pos) {
+        out += " ";
+        pos = ch.start_char;
+      }
+      out += ch.text.slice(pos - ch.start_char, to - ch.start_char);
+      pos = Math.min(to, ch.end_char);
+    }
+    return out;
   }
 
   function renderPassages(passages) {
