@@ -8,7 +8,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -112,17 +112,19 @@ def authenticate(db: Database, authorization: str | None) -> Principal:
     if scheme.lower() != "bearer" or not key:
         raise Unauthorized("Authorization header must be 'Bearer <key>'")
     digest = hash_key(key)
-    with db.read() as session:
-        row = session.execute(
-            select(ApiKey, Tenant.name)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None))
-        ).first()
+    with db.connect() as conn:  # every request runs this: a prebuilt statement, no ORM
+        row = conn.execute(_KEY_BY_HASH, {"digest": digest}).first()
     # The lookup is by hash; compare again in constant time for good measure.
-    if row is None or not hmac.compare_digest(row[0].key_hash, digest):
+    if row is None or not hmac.compare_digest(row.key_hash, digest):
         raise Unauthorized("invalid API key")
-    api_key, tenant_name = row
-    return Principal(api_key.tenant_id, tenant_name, api_key.is_admin, api_key.id)
+    return Principal(row.tenant_id, row.name, row.is_admin, row.id)
+
+
+_KEY_BY_HASH = (
+    select(ApiKey.key_hash, ApiKey.tenant_id, ApiKey.is_admin, ApiKey.id, Tenant.name)
+    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+    .where(ApiKey.key_hash == bindparam("digest"), ApiKey.revoked_at.is_(None))
+)
 
 
 def require_admin(principal: Principal) -> None:

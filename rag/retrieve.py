@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from rag.config import SearchSettings
-from rag.db import Database, repo
+from rag.db import Database
 from rag.db.models import Chunk, Collection, Document
 from rag.deadline import Deadline
 from rag.embed import Embedder
-from rag.errors import Invalid
+from rag.errors import Invalid, NotFound
 from rag.fulltext import keyword_search
 from rag.index.base import Hits, SearchParams
 from rag.index.manager import IndexManager, IndexState
@@ -30,6 +30,35 @@ from rag.index.manager import IndexManager, IndexState
 log = logging.getLogger(__name__)
 
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
+
+# Built once: every search runs these two, and building a statement costs more than running
+# it on SQLite.
+_COLLECTION_DEFAULTS = select(Collection.search_defaults).where(
+    Collection.id == bindparam("cid"),
+    Collection.tenant_id == bindparam("tenant"),
+    Collection.deleted_at.is_(None),
+)
+# Only what a passage shows: the chunk's vector stays in the database.
+_HYDRATE = (
+    select(
+        Chunk.id,
+        Chunk.document_id,
+        Chunk.ordinal,
+        Chunk.text,
+        Chunk.start_char,
+        Chunk.end_char,
+        Document.filename,
+        Document.meta.label("meta"),
+    )
+    .join(Document, Document.id == Chunk.document_id)
+    .where(
+        Chunk.id.in_(bindparam("ids", expanding=True)),
+        Chunk.collection_id == bindparam("cid"),
+        Chunk.tenant_id == bindparam("tenant"),
+        Document.tenant_id == bindparam("tenant"),
+        Document.deleted_at.is_(None),
+    )
+)
 MetaValue = str | int | float | bool
 
 
@@ -119,12 +148,17 @@ class Retriever:
     ) -> SearchResult:
         timings: dict[str, float] = {}
         degraded: list[str] = []
-        with self.db.read() as session:
-            collection = repo.get_collection(session, tenant_id, collection_id)
-            k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(collection, query, knobs)
-            allowed = (
-                None if filt is None or filt.empty else _allowed_chunks(session, collection, filt)
-            )
+        with self.db.connect() as conn:
+            saved = conn.execute(
+                _COLLECTION_DEFAULTS, {"cid": collection_id, "tenant": tenant_id}
+            ).first()
+        if saved is None:
+            raise NotFound(f"collection {collection_id} not found")
+        k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved[0] or {}, query, knobs)
+        allowed = None
+        if filt is not None and not filt.empty:
+            with self.db.read() as session:
+                allowed = _allowed_chunks(session, collection_id, filt)
         deadline = deadline or Deadline.after_ms(budget_ms)
         cost = self._costs.setdefault(collection_id, _Cost())
         # A few spare candidates absorb hits that the SQL re-check drops.
@@ -211,13 +245,14 @@ class Retriever:
     # ------------------------------------------------------------------ pieces
 
     def _resolve(
-        self, collection: Collection, query: str, knobs: Knobs
+        self, saved: dict[str, Any], query: str, knobs: Knobs
     ) -> tuple[int, int | None, int | None, bool, float, float | None]:
+        """The knobs in force: the request's, else the collection's saved defaults (`saved`),
+        else the service's."""
         if not query.strip():
             raise Invalid("query is empty")
         if len(query) > self.settings.max_query_chars:
             raise Invalid(f"query is longer than {self.settings.max_query_chars} characters")
-        saved = collection.search_defaults or {}
 
         def pick(name: str, default: Any) -> Any:
             value = getattr(knobs, name)
@@ -259,27 +294,9 @@ class Retriever:
         if not ranked:
             return []
         ids = [r[0] for r in ranked]
-        with self.db.read() as session:
-            rows = session.execute(
-                # Only what a passage shows: the chunk's vector stays in the database.
-                select(
-                    Chunk.id,
-                    Chunk.document_id,
-                    Chunk.ordinal,
-                    Chunk.text,
-                    Chunk.start_char,
-                    Chunk.end_char,
-                    Document.filename,
-                    Document.meta,
-                )
-                .join(Document, Document.id == Chunk.document_id)
-                .where(
-                    Chunk.id.in_(ids),
-                    Chunk.collection_id == collection_id,
-                    Chunk.tenant_id == tenant_id,
-                    Document.tenant_id == tenant_id,
-                    Document.deleted_at.is_(None),
-                )
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                _HYDRATE, {"ids": ids, "cid": collection_id, "tenant": tenant_id}
             ).all()
         by_id = {row.id: row for row in rows}
         out = []
@@ -323,12 +340,12 @@ def fuse(
     return [(i, s, dense_scores.get(i), kw_scores.get(i)) for i, s in best]
 
 
-def _allowed_chunks(session: Session, collection: Collection, filt: Filter) -> set[int]:
+def _allowed_chunks(session: Session, collection_id: str, filt: Filter) -> set[int]:
     """Chunk ids a filter allows, resolved in SQL; the index filters inside its search."""
     stmt = (
         select(Chunk.id)
         .join(Document, Document.id == Chunk.document_id)
-        .where(Chunk.collection_id == collection.id, Document.deleted_at.is_(None))
+        .where(Chunk.collection_id == collection_id, Document.deleted_at.is_(None))
     )
     if filt.document_ids:
         stmt = stmt.where(Document.id.in_(filt.document_ids))
@@ -336,7 +353,7 @@ def _allowed_chunks(session: Session, collection: Collection, filt: Filter) -> s
         field_ = Document.meta[key]
         known = session.scalar(
             select(Document.id)
-            .where(Document.collection_id == collection.id, field_.as_string().is_not(None))
+            .where(Document.collection_id == collection_id, field_.as_string().is_not(None))
             .limit(1)
         )
         if known is None:

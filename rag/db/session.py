@@ -21,7 +21,9 @@ class Database:
     def __init__(self, url: str, *, echo: bool = False) -> None:
         self.url = make_url(url)
         self.is_sqlite = self.url.get_backend_name() == "sqlite"
-        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        # hide_parameters: a database error's message (which gets logged with its traceback)
+        # would otherwise carry the statement's parameters: chunk text, blobs, key hashes.
+        kwargs: dict[str, Any] = {"echo": echo, "future": True, "hide_parameters": True}
         if self.is_sqlite:
             if self.url.database and self.url.database != ":memory:":
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
@@ -46,6 +48,13 @@ class Database:
     def read(self) -> Iterator[Session]:
         with self._read() as session, session.begin():
             yield session
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A read transaction on a bare connection: for hot paths that run prebuilt Core
+        statements and need no ORM identity map (search's probes and hydration)."""
+        with self.engine.connect() as conn:
+            yield conn
 
     @contextmanager
     def write(self) -> Iterator[Session]:

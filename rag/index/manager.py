@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from rag.db.models import ChangeLog, Chunk, Collection, Document
@@ -31,6 +31,13 @@ from rag.index.base import Allowed, Hits, Ids, SearchParams, VectorIndex, Vector
 from rag.index.snapshot import Manifest, SnapshotStore
 
 log = logging.getLogger(__name__)
+
+_CHANGES_AFTER = (
+    select(ChangeLog.seq, ChangeLog.op, ChangeLog.chunk_id)
+    .where(ChangeLog.collection_id == bindparam("cid"), ChangeLog.seq > bindparam("mark"))
+    .order_by(ChangeLog.seq)
+    .limit(bindparam("n"))
+)
 
 _BUILD_BATCH = 5000
 # How often the background loop re-reads a collection's declared kind (seconds).
@@ -359,15 +366,16 @@ class IndexManager:
         The caller holds the collection's lock."""
         applied = 0
         while True:
-            with self.db.read() as session:
-                rows = session.execute(
-                    select(ChangeLog.seq, ChangeLog.op, ChangeLog.chunk_id)
-                    .where(ChangeLog.collection_id == collection_id, ChangeLog.seq > watermark)
-                    .order_by(ChangeLog.seq)
-                    .limit(self.catch_up_batch)
+            # The probe runs before every search: a prebuilt statement on a bare connection
+            # costs a fraction of an ORM session's round trip when (as usual) nothing is new.
+            with self.db.connect() as conn:
+                rows = conn.execute(
+                    _CHANGES_AFTER,
+                    {"cid": collection_id, "mark": watermark, "n": self.catch_up_batch},
                 ).all()
-                if not rows:
-                    return applied, watermark
+            if not rows:
+                return applied, watermark
+            with self.db.read() as session:
                 # Only the last change to a chunk matters within a batch.
                 final: dict[int, str] = {}
                 for _seq, op, chunk_id in rows:
