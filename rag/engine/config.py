@@ -44,6 +44,12 @@ class EngineSettings(BaseModel):
         default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
     )
     enable_prefix_caching: bool = True
+    cpu_attention_kernel: bool = Field(
+        default=True,
+        description="On CPU in float32, attend decode tokens with ragserve's compiled "
+        "paged-attention kernel (built on first start, needs a C++ compiler; without one the "
+        "torch path is used).",
+    )
 
     # Remote backend (an OpenAI-compatible server such as vLLM).
     remote_url: str | None = Field(default=None, description="e.g. http://vllm:8000/v1")

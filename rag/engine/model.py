@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rag.engine.kernels import PagedDecode
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -86,6 +88,10 @@ class AttentionMetadata:
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (q_start, q_len, start_pos, blocks)
     # [q_len, ctx] bool, True = visible (causal); None when the chunk starts at position 0
     prefill_biases: list[torch.Tensor | None]
+    # The compiled decode kernel (rag.engine.kernels) and what it reads instead of the bias:
+    # each decode's context length, [B] long. None: the torch path below.
+    decode_kernel: PagedDecode | None = None
+    decode_context_lens: torch.Tensor | None = None
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -199,7 +205,11 @@ class Attention(nn.Module):
         over the whole context, then the weighted values summed over blocks. Query heads are
         grouped by their KV head, so GQA needs no K/V repeat."""
         bt = meta.decode_block_tables  # [B, MB]
-        assert bt is not None and meta.decode_bias is not None
+        assert bt is not None
+        if meta.decode_kernel is not None:
+            assert meta.decode_context_lens is not None
+            return meta.decode_kernel(q, k_cache, v_cache, bt, meta.decode_context_lens, self.scale)
+        assert meta.decode_bias is not None
         b, hkv, d = q.shape[0], self.hkv, self.d
         g = self.h // hkv
         mb, bs = bt.shape[1], k_cache.shape[2]

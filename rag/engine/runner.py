@@ -10,6 +10,7 @@ import torch
 
 from rag.engine.blocks import BlockManager
 from rag.engine.config import EngineSettings
+from rag.engine.kernels import PagedDecode, paged_decode_kernel
 from rag.engine.model import AttentionMetadata, LlamaModel
 from rag.engine.sampler import Sampler
 from rag.engine.scheduler import (
@@ -40,7 +41,14 @@ def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -
 class ModelRunner:
     """Owns the model, the KV cache tensor and the sampler. The only place tensors are built."""
 
-    def __init__(self, model: LlamaModel, spec: KVCacheSpec, device: torch.device):
+    def __init__(
+        self,
+        model: LlamaModel,
+        spec: KVCacheSpec,
+        device: torch.device,
+        *,
+        attention_kernel: bool = False,
+    ):
         self.model = model
         self.device = device
         self.block_size = spec.block_size
@@ -52,6 +60,10 @@ class ModelRunner:
             cfg.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.sampler = Sampler(device)
+        # Decode attention: the compiled kernel where it applies (CPU, float32), else torch.
+        self.decode_kernel: PagedDecode | None = None
+        if attention_kernel and device.type == "cpu" and dtype == torch.float32:
+            self.decode_kernel = paged_decode_kernel()
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -115,12 +127,13 @@ class ModelRunner:
                 [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in decodes]
             )  # [B, MB]
             ctx = t([c.start_pos + 1 for c in decodes])  # [B]
-            arange = torch.arange(max_blocks * bs, device=dev)
-            visible = arange[None, :] < ctx[:, None]  # [B, L]
-            dtype = self.model.embed_tokens.weight.dtype
-            decode_bias = torch.zeros(visible.shape, dtype=dtype, device=dev)
-            decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
-            # decode_bias: [B, 1, 1, L]
+            if self.decode_kernel is None:
+                arange = torch.arange(max_blocks * bs, device=dev)
+                visible = arange[None, :] < ctx[:, None]  # [B, L]
+                dtype = self.model.embed_tokens.weight.dtype
+                decode_bias = torch.zeros(visible.shape, dtype=dtype, device=dev)
+                decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
+                # decode_bias: [B, 1, 1, L]
         meta_prefills = []
         biases: list[torch.Tensor | None] = []
         q_start = len(decodes)
@@ -148,6 +161,8 @@ class ModelRunner:
             decode_bias=decode_bias,
             prefills=meta_prefills,
             prefill_biases=biases,
+            decode_kernel=self.decode_kernel if decodes else None,
+            decode_context_lens=ctx if decodes else None,
         )
         return t(ids), t(pos), meta, sample_rows
 
@@ -186,7 +201,12 @@ def build_local_engine(settings: EngineSettings) -> Engine:
         "engine: %s %s, %d KV blocks of %d tokens, context %d",
         device, dtype, num_blocks, bs, max_model_len,
     )  # fmt: skip
-    runner = ModelRunner(loaded.model, KVCacheSpec(num_blocks, bs), device)
+    runner = ModelRunner(
+        loaded.model,
+        KVCacheSpec(num_blocks, bs),
+        device,
+        attention_kernel=settings.cpu_attention_kernel,
+    )
     bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
     sched = SchedulerConfig(
         max_num_seqs=settings.max_num_seqs,

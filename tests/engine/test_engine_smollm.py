@@ -1,6 +1,7 @@
 """The real SmolLM2-135M against transformers' greedy generate (float32, CPU)."""
 
 import asyncio
+import os
 
 import pytest
 
@@ -42,6 +43,8 @@ def expected(smollm, hf_reference):
 
 
 def test_greedy_matches_transformers_concurrently_and_with_prefix_hits(smollm, expected):
+    if os.environ.get("CI"):  # CI builds the decode kernel: this test is its parity check
+        assert smollm.runner.decode_kernel is not None
     first = asyncio.run(run_all(smollm, PROMPTS))
     assert [ids for ids, _ in first] == expected
     again = asyncio.run(run_all(smollm, PROMPTS))  # now served from the prefix cache
@@ -89,3 +92,19 @@ def test_cancel_mid_stream_on_the_real_model(smollm):
         assert smollm.metrics().kv_blocks_used == 0
 
     asyncio.run(main())
+
+
+def test_greedy_matches_transformers_on_the_torch_attention_path(smollm, expected):
+    """The fallback where the decode kernel cannot be built gives the same tokens."""
+    torch_path = build_engine(
+        EngineSettings(
+            device="cpu", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256,
+            cpu_attention_kernel=False,
+        )
+    )  # fmt: skip
+    try:
+        assert torch_path.runner.decode_kernel is None
+        got = asyncio.run(run_all(torch_path, PROMPTS))
+        assert [ids for ids, _ in got] == expected
+    finally:
+        torch_path.close()

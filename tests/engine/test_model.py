@@ -1,5 +1,7 @@
 """The paged-attention model against transformers' Llama on a tiny random model (fast)."""
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,6 +13,19 @@ from rag.engine.runner import KVCacheSpec, ModelRunner  # noqa: E402
 from rag.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
 from .conftest import make_seq  # noqa: E402
+
+
+def require_kernel():
+    """The compiled decode kernel; CI must be able to build it, elsewhere a missing
+    compiler skips."""
+    from rag.engine.kernels import paged_decode_kernel
+
+    kernel = paged_decode_kernel()
+    if kernel is None:
+        if os.environ.get("CI"):
+            pytest.fail("the paged-attention kernel did not build (see the log)")
+        pytest.skip("the paged-attention kernel could not be built here (no C++ compiler?)")
+    return kernel
 
 
 def tiny_pair(rope_scaling=None):
@@ -39,7 +54,10 @@ def tiny_pair(rope_scaling=None):
         },
     ],
 )  # fmt: skip
-def test_paged_greedy_matches_transformers(rope_scaling):
+@pytest.mark.parametrize("attention_kernel", [False, True], ids=["torch", "kernel"])
+def test_paged_greedy_matches_transformers(rope_scaling, attention_kernel):
+    if attention_kernel:
+        require_kernel()
     hf, ours = tiny_pair(rope_scaling)
     prompts = [[5, 9, 17, 3], list(range(20, 53)), [7] * 11]
     new = 12
@@ -56,7 +74,10 @@ def test_paged_greedy_matches_transformers(rope_scaling):
     sched = Scheduler(
         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10, max_model_len=256), bm
     )
-    runner = ModelRunner(ours, KVCacheSpec(64, 4), torch.device("cpu"))
+    runner = ModelRunner(
+        ours, KVCacheSpec(64, 4), torch.device("cpu"), attention_kernel=attention_kernel
+    )
+    assert (runner.decode_kernel is not None) == attention_kernel
     seqs = [make_seq(str(i), p, max_tokens=new) for i, p in enumerate(prompts)]
     seqs.append(make_seq("again", prompts[1], max_tokens=new))
     for s in seqs:
@@ -67,3 +88,50 @@ def test_paged_greedy_matches_transformers(rope_scaling):
     got = [s.output_token_ids for s in seqs]
     assert got == expected + [expected[1]]
     assert seqs[-1].num_cached_tokens > 0 or bm.prefix_cache_hit_rate > 0
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size"), [(9, 3, 64, 16), (4, 2, 16, 4), (2, 2, 8, 3)]
+)
+def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_size):
+    """The compiled kernel and the torch path attend the same paged contexts alike: blocks
+    scattered through the cache, padded block tables, lengths that end mid-block, one token."""
+    from rag.engine.model import Attention, AttentionMetadata
+
+    kernel = require_kernel()
+    gen = torch.Generator().manual_seed(1)
+    lens = [1, block_size, block_size + 1, 5 * block_size - 1, 37]
+    max_blocks = max(-(-n // block_size) for n in lens)
+    num_blocks = len(lens) * max_blocks + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = []
+    for i, n in enumerate(lens):
+        own = order[i * max_blocks : i * max_blocks + -(-n // block_size)]
+        tables.append(own + [0] * (max_blocks - len(own)))
+    shape = (num_blocks, kv_heads, block_size, head_dim)
+    k_cache = torch.randn(shape, generator=gen)
+    v_cache = torch.randn(shape, generator=gen)
+    q = torch.randn(len(lens), heads, head_dim, generator=gen)
+    ctx = torch.tensor(lens)
+    visible = torch.arange(max_blocks * block_size)[None, :] < ctx[:, None]
+    bias = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[:, None, None, :]
+    cfg = ModelConfig(
+        vocab_size=8, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+    )  # fmt: skip
+    attention = Attention(cfg)
+
+    def meta(**kw):
+        return AttentionMetadata(
+            kv_rows=torch.zeros(0, dtype=torch.long), num_decodes=len(lens),
+            decode_block_tables=torch.tensor(tables), prefills=[], prefill_biases=[], **kw,
+        )  # fmt: skip
+
+    with torch.inference_mode():
+        torch_out = attention._decode(q, k_cache, v_cache, meta(decode_bias=bias))
+        kernel_out = attention._decode(
+            q, k_cache, v_cache,
+            meta(decode_bias=None, decode_kernel=kernel, decode_context_lens=ctx),
+        )  # fmt: skip
+    assert kernel_out.shape == torch_out.shape
+    torch.testing.assert_close(kernel_out, torch_out, rtol=1e-5, atol=1e-5)
