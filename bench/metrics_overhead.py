@@ -4,7 +4,8 @@
 
 Two copies of the real app under uvicorn on loopback, over the same SQLite file (docfaq
 passages with their precomputed vectors, see bench/quality.py), one with `metrics.enabled`
-(request-id and metrics middleware, /metrics) and one without. Both are warmed up, then the
+(latency and status counts per route, stage histograms, /metrics) and one without (which
+keeps the request ids: logs need them whatever the metrics setting). Both are warmed up, then the
 same queries (the docfaq FAQ questions, embedded by the real model inside each request) are
 sent one at a time over keep-alive connections, in interleaved rounds whose order alternates,
 so drift on a shared machine hits both sides alike. Ends with

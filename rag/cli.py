@@ -8,9 +8,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rag.config import Settings
+
+if TYPE_CHECKING:
+    from rag.index.manager import IndexState
 
 log = logging.getLogger("rag.cli")
 
@@ -110,6 +114,7 @@ def _offline_services(settings: Settings):  # type: ignore[no-untyped-def]
 def cmd_index_rebuild(args: argparse.Namespace) -> int:
     import json
 
+    from rag.db import repo
     from rag.db.models import Collection
     from rag.index import build_index
 
@@ -127,9 +132,16 @@ def cmd_index_rebuild(args: argparse.Namespace) -> int:
             if kind != "auto":
                 build_index(kind, services.embedder.dim, params)
             row.index_kind, row.index_params = kind, params
+            expected = repo.chunk_count(session, args.collection)
         t0 = time.perf_counter()
-        future = services.indexes.rebuild(args.collection, None if kind == "auto" else kind, params)
-        state = future.result()
+        state = _with_bar(
+            "rebuild",
+            expected,
+            # Opening the index (snapshot or SQL) is part of the wait, so it runs under the bar.
+            lambda: services.indexes.rebuild(
+                args.collection, None if kind == "auto" else kind, params
+            ).result(),
+        )
         took = time.perf_counter() - t0
         print(
             f"rebuilt {args.collection}: {state.kind}, {state.count} vectors, "
@@ -178,6 +190,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         services.close()
     return 0
+
+
+def _with_bar(desc: str, vectors: int, work: Callable[[], IndexState]) -> IndexState:
+    """Run `work` (an index rebuild) under a bar on stderr that ticks while it runs and
+    fills to the index's size when it is done. The build reports no progress of its own, so
+    until then the bar shows the elapsed time against the vectors to index."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from tqdm import tqdm
+
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="cli-rebuild") as pool,
+        tqdm(total=vectors, desc=desc, unit="vector", file=sys.stderr) as bar,
+    ):
+        future = pool.submit(work)
+        while True:
+            try:
+                state = future.result(timeout=0.2)
+                break
+            except FutureTimeout:
+                bar.refresh()
+        bar.total = max(vectors, state.count)
+        bar.update(state.count)
+    return state
 
 
 def _progress(desc: str):  # type: ignore[no-untyped-def]

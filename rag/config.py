@@ -112,7 +112,7 @@ class ApiSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    # Off: no metrics middleware (no request ids, no timings) and no /metrics route.
+    # Off: no timings, no counters, and /metrics answers 404 (request ids stay on).
     enabled: bool = True
     # /metrics needs an admin key unless this is set (for a scraper on a private network).
     public: bool = False

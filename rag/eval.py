@@ -137,7 +137,12 @@ def read_answers(path: Path) -> dict[str, str]:
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise Invalid(f"{path}:{n}: not a JSON object") from None
+        if not isinstance(row, dict):
+            raise Invalid(f"{path}:{n}: not a JSON object")
         qid = row.get("_id", row.get("query-id", row.get("qid")))
         answer = row.get("answer", row.get("text"))
         if qid is None or answer is None:

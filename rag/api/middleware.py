@@ -2,7 +2,8 @@
 
 Per request it reads one header, sets two contextvars, wraps `send` to add one header and
 catch the status, and makes two observations into cached labelled children; no body is
-touched. The route label is the matched route's template (`/v1/collections/{collection_id}/
+touched. With metrics off it still gives every request its id (logs need it), and observes
+nothing. The route label is the matched route's template (`/v1/collections/{collection_id}/
 search`), never the raw path, so ids cannot blow up the label set; what no route matched is
 labelled "unmatched".
 """
@@ -34,7 +35,7 @@ _SANE = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class RequestMetrics:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -55,16 +56,21 @@ class RequestMetrics:
             await send(message)
 
         rid_token = request_id.set(rid)
-        metrics_token = self.metrics.activate()
+        metrics = self.metrics
+        if metrics is None:
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                request_id.reset(rid_token)
+            return
+        metrics_token = metrics.activate()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe_request(
-                scope["method"], template, status, time.perf_counter() - t0
-            )
-            self.metrics.deactivate(metrics_token)
+            metrics.observe_request(scope["method"], template, status, time.perf_counter() - t0)
+            metrics.deactivate(metrics_token)
             request_id.reset(rid_token)
 
 
@@ -79,11 +85,11 @@ def _request_id(scope: Scope) -> str:
 
 def install(app: FastAPI, settings: Settings) -> Metrics | None:
     """Give the app its own metrics and put the middleware outermost (add it after the
-    others). With `metrics.enabled` off, nothing is installed and None is returned."""
-    if not settings.metrics.enabled:
-        app.state.metrics = None
-        return None
-    metrics = Metrics(lambda: getattr(app.state, "services", None))
+    others). With `metrics.enabled` off, the middleware only sets request ids, and None is
+    returned."""
+    metrics = None
+    if settings.metrics.enabled:
+        metrics = Metrics(lambda: getattr(app.state, "services", None))
     app.state.metrics = metrics
     app.add_middleware(RequestMetrics, metrics=metrics)
     return metrics

@@ -146,3 +146,8 @@ def _build() -> PagedDecode | None:
         return None
     log.info("paged-attention kernel loaded")
     return module.paged_decode  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":  # `python -m rag.engine.kernels`: build now (make setup does)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    paged_decode_kernel()  # a failed build is logged, not fatal: the torch path remains

@@ -71,19 +71,41 @@ def test_pareto_front() -> None:
     assert tune.choose(pts, 0.95, 4.0) is None
 
 
-def test_rag_index_rebuild_cli(sqlite_api: Api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from rag.cli import main
-
-    api = sqlite_api
-    cid = _fill(api, 30)
+def _cli_env(api: Api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     settings = api.services.settings
     monkeypatch.setenv("RAG_DATA_DIR", str(settings.data_dir))
     monkeypatch.setenv("RAG_DATABASE__URL", settings.database_url)
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
     monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
+
+
+def test_rag_index_rebuild_cli(sqlite_api: Api, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from rag.cli import main
+
+    api = sqlite_api
+    cid = _fill(api, 30)
+    settings = api.services.settings
+    _cli_env(api, monkeypatch)
     assert main(["index", "rebuild", cid, "--kind", "faiss_flat"]) == 0
+    captured = capsys.readouterr()
+    assert f"rebuilt {cid}: faiss_flat, 30 vectors" in captured.out
+    assert "rebuild: 100%" in captured.err and "30/30" in captured.err  # the progress bar
     with api.services.db.read() as s:
         row = s.get(Collection, cid)
         assert row is not None and row.index_kind == "faiss_flat"
     gens = list((settings.data_dir / "indexes" / cid).glob("gen-*"))
     assert gens, "the rebuild wrote a snapshot generation"
+
+
+def test_rag_tune_cli_shows_progress(sqlite_api: Api, monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from rag.cli import main
+
+    api = sqlite_api
+    cid = _fill(api, 30)
+    _cli_env(api, monkeypatch)
+    png = tmp_path / "curve.png"
+    code = main(["tune", cid, "-n", "10", "--k", "5", "--target-recall", "0.5", "--png", str(png)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out
+    assert "cheapest meeting the target" in captured.out and png.exists()
+    assert "tune: 100%" in captured.err  # one tick per setting of the sweep

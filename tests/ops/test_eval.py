@@ -153,17 +153,13 @@ def test_rag_eval_command_prints_json(
     monkeypatch.setenv("RAG_DATABASE__URL", sqlite_url)
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
     monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
-    from rag import eval_cli
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    if "eval" not in sub.choices:  # type: ignore[attr-defined]
-        eval_cli.register(sub)
-    args = parser.parse_args(
+    args = build_parser().parse_args(
         ["eval", cid, "--queries", str(queries), "--qrels", str(qrels), "--k", "10", "--json"]
     )
     assert args.func(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "eval:" in captured.err and "/3 [" in captured.err  # the progress bar, on stderr
     want = _expected(10)
     assert out["queries"] == 3
     for name, value in want.items():
@@ -197,3 +193,23 @@ def test_answer_metrics_through_the_ask_path(
     assert report.answers["answers_with_citations"] == 2
     # q1's reference is the answer itself (up to the marker); q2's shares no word.
     assert 0.4 < report.answers["answer_token_f1"] <= 0.5
+
+
+def test_bad_lines_name_their_file_and_line(tmp_path: Path) -> None:
+    from rag.errors import Invalid
+
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text('{"_id": "q1", "answer": "x"}\nnot json\n')
+    with pytest.raises(Invalid, match=r"answers.jsonl:2: not a JSON object"):
+        evaluation.read_answers(answers)
+    answers.write_text('["q1", "x"]\n')
+    with pytest.raises(Invalid, match=r"answers.jsonl:1"):
+        evaluation.read_answers(answers)
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": "q1", "text": "x"}\n{"_id": "q2"}\n')
+    with pytest.raises(Invalid, match=r"queries.jsonl:2"):
+        evaluation.read_queries(queries)
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\tyes\n")
+    with pytest.raises(Invalid, match=r"qrels.tsv:2"):
+        evaluation.read_qrels(qrels)

@@ -47,6 +47,9 @@ def test_ingest_a_folder_and_wait(
     assert f"accepted 3 of 4 files into {cid}" in captured.out
     assert "3 done" in captured.out
     assert "fake.pdf" in captured.err
+    # The two progress bars, on stderr: uploading the files, then indexing them.
+    assert "upload: 100%" in captured.err and "4/4" in captured.err
+    assert "index: 100%" in captured.err and "3/3" in captured.err
     docs = api.client.get(f"/v1/collections/{cid}/documents", headers=api.a).json()
     names = sorted((d["filename"], d["status"]) for d in docs["documents"])
     assert names == [("a.txt", "indexed"), ("b.md", "indexed"), ("c.html", "indexed")]

@@ -89,3 +89,34 @@ def test_request_id_reaches_log_lines(sqlite_api: Api, caplog: pytest.LogCapture
     assert "rid-42" in ids
     assert r.json().get("key", "") not in "".join(_lines(caplog))
     assert request_id.get() == "-"
+
+
+def test_a_database_error_in_the_log_carries_no_parameters(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Errors are logged with their traceback (the worker, the API's last resort), and a
+    database error's message would quote the statement's parameters: here a document's text,
+    written for a collection that is gone (deleted while its job ran)."""
+    from sqlalchemy.exc import IntegrityError
+
+    from rag.db import Database
+    from rag.db.migrate import upgrade
+    from rag.db.models import Document
+
+    db = Database(db_url)
+    upgrade(db)
+    row = Document(
+        tenant_id="gone", collection_id="gone", filename="f.txt", media_type="text/plain",
+        sha256="0" * 64, size=len(SECRET_TEXT), text=SECRET_TEXT, meta={},
+    )  # fmt: skip
+    try:
+        with pytest.raises(IntegrityError) as caught, db.write() as session:
+            session.add(row)
+        caplog.set_level(logging.ERROR)
+        logging.getLogger("rag.test").error("write failed", exc_info=caught.value)
+    finally:
+        db.dispose()
+    assert "quokkazanzibar" not in str(caught.value)
+    lines = _lines(caplog)
+    assert lines and "IntegrityError" in lines[-1]
+    assert "quokkazanzibar" not in lines[-1]

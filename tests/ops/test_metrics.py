@@ -103,7 +103,10 @@ def test_metrics_needs_an_admin_key_unless_public(
     services = build_services(settings, embedder=hash_embedder)
     with TestClient(create_app(settings, services)) as client:
         assert client.get("/metrics", headers=ADMIN).status_code == 404
-        assert "x-request-id" not in client.get("/healthz").headers
+        # Metrics off, request ids still on: the logs need them.
+        r = client.get("/healthz", headers={"X-Request-ID": "probe-7"})
+        assert r.headers["x-request-id"] == "probe-7"
+        assert len(client.get("/healthz").headers["x-request-id"]) == 32
 
 
 def test_stage_timings_and_request_ids(tmp_path: Path, hash_embedder: HashEmbedder) -> None:
@@ -181,6 +184,7 @@ def test_engine_figures_once_loaded(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder
 ) -> None:
     api = make_api(sqlite_url, hash_embedder, engine=_FakeEngine())
+    assert api.client.get("/readyz").json()["checks"]["generator"]["loaded"] is True
     samples = _scrape(api.client)
     assert _value(samples, "rag_engine_sequences", state="running") == 2
     assert _value(samples, "rag_engine_sequences", state="waiting") == 3
@@ -205,6 +209,8 @@ def test_readyz_ready_then_database_gone(
     assert body["status"] == "ready"
     assert body["checks"]["database"]["ok"] and body["checks"]["embedder"]["ok"]
     assert body["checks"]["indexes"] == {"ok": True, "open": 1}
+    # The generator is built on the first ask: reported, not required.
+    assert body["checks"]["generator"] == {"ok": True, "loaded": False}
     # Point the services at a database that is not there.
     from rag.db import Database
 
@@ -226,3 +232,73 @@ def test_readyz_ready_then_database_gone(
     assert body["checks"]["database"]["ok"] is False
     assert "unreachable" in body["checks"]["database"]["error"]
     assert api.client.get("/healthz").status_code == 200
+
+
+def test_search_ask_and_chat_record_their_stages(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder
+) -> None:
+    from tests.ops.conftest import RecordingEngine
+
+    api = make_api(sqlite_url, hash_embedder, engine=RecordingEngine())
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    question = "when does the ferry leave from pier four"
+    before = _scrape(api.client)
+    for body in ({"query": question}, {"query": question, "hybrid": 0.5}):
+        r = api.client.post(f"/v1/collections/{cid}/search", json=body, headers=api.a)
+        assert r.status_code == 200, r.text
+    r = api.client.post(f"/v1/collections/{cid}/ask", json={"question": question}, headers=api.a)
+    assert r.status_code == 200 and r.json()["finish_reason"] == "stop", r.text
+    r = api.client.post(
+        "/v1/chat/completions",
+        json={"model": cid, "messages": [{"role": "user", "content": question}]},
+        headers=api.a,
+    )
+    assert r.status_code == 200, r.text
+    after = _scrape(api.client)
+    count = "rag_stage_duration_seconds_count"
+
+    def moved(op: str, stage: str) -> float:
+        return _value(after, count, op=op, stage=stage) - _value(before, count, op=op, stage=stage)
+
+    # Both searches embed, search and hydrate; only the hybrid one has a keyword side.
+    for stage in ("embed", "search", "hydrate", "fuse"):
+        assert moved("search", stage) == 2, stage
+    assert moved("search", "keyword") == 1
+    for op in ("ask", "chat"):
+        for stage in ("embed", "search", "hydrate", "prompt", "first_token", "decode", "cite"):
+            assert moved(op, stage) == 1, (op, stage)
+    # "total" is the request histogram's business.
+    assert not any(k[0] == count and ("stage", "total") in k[1] for k in after)
+
+
+def test_readyz_names_an_index_that_has_fallen_behind(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: HashEmbedder, tmp_path: Path
+) -> None:
+    from rag.api.routes.ops import readiness
+
+    api = make_api(db_url, hash_embedder)
+    cid = api.collection(api.a)
+    first = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    assert api.wait_job(api.a, first["job_id"])["state"] == "done"
+    # A second replica on the same database, not started: no background catch-up, so its
+    # index stays where it was opened while the first one ingests more.
+    settings = make_settings(tmp_path / "replica", api.services.settings.database_url)
+    replica = build_services(settings, embedder=hash_embedder, in_process_worker=False)
+    try:
+        replica.indexes.get(cid)
+        assert readiness(replica)["indexes"] == {"ok": True, "open": 1}
+        for text in ("Tide tables are printed monthly.", "Storm warnings on channel 16."):
+            item = api.upload_text(api.a, cid, text)
+            assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+        # Two changes behind; a catch-up batch is normally far more, so shrink it to one.
+        replica.indexes.catch_up_batch = 1
+        checks = readiness(replica)
+        assert checks["indexes"]["ok"] is False
+        assert checks["indexes"]["behind"] == {cid: "2 changes behind"}
+        assert checks["database"]["ok"] and checks["embedder"]["ok"]
+        replica.indexes.catch_up(cid)
+        assert readiness(replica)["indexes"] == {"ok": True, "open": 1}
+    finally:
+        replica.close()

@@ -40,6 +40,7 @@ from rag.db.models import Collection
 from rag.deadline import Deadline
 from rag.engine.sequence import EngineOverloaded, InvalidRequest, SamplingParams
 from rag.errors import Invalid, NotFound, Overloaded
+from rag.metrics import observe_stages
 from rag.retrieve import Knobs
 from rag.services import Services
 
@@ -240,6 +241,8 @@ def _usage(final: Final) -> dict[str, Any]:
 
 
 def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
+    # Called once per answer on both paths (JSON and stream): the place to record its stages.
+    observe_stages("chat", final.timings_ms)
     return {
         "sources": [asdict(c) for c in final.citations],
         "passages": [p.model_dump() for p in passages_out(prep)],

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import IndexInfo, PassageOut, SearchIn, SearchOut
+from rag.metrics import observe_stages
 from rag.retrieve import Filter, Knobs
 
 router = APIRouter(tags=["search"])
@@ -30,6 +31,7 @@ def search(
         ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
         filt = Filter(document_ids=ids, metadata=body.filter.metadata)
     result = services.retriever.search(principal.tenant_id, collection_id, body.query, knobs, filt)
+    observe_stages("search", result.timings_ms)
     state = result.index
     return SearchOut(
         passages=[PassageOut(**asdict(p)) for p in result.passages],
