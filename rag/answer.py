@@ -234,6 +234,7 @@ class Answerer:
         usage = Usage(prompt_tokens=prep.prompt_tokens)
         reason = "stop"
         first_at: float | None = None
+        engine_stages: dict[str, float] = {}
         links = _ImageFilter()
         it = stream.__aiter__()
         finished = False
@@ -269,6 +270,11 @@ class Answerer:
                             ev.usage.cached_prompt_tokens,
                             ev.usage.completion_tokens,
                         )
+                        # The engine's split of the time to first token, when it gives one.
+                        for stage in ("queue", "prefill"):
+                            value = getattr(ev.usage, f"{stage}_ms", None)
+                            if value is not None:
+                                engine_stages[stage] = value
                     break
         except EngineError as exc:
             log.warning("generation %s failed: %s", prep.request_id, type(exc).__name__)
@@ -287,6 +293,7 @@ class Answerer:
             yield tail
         now = time.perf_counter()
         timings = dict(prep.timings_ms)
+        timings.update(engine_stages)
         if first_at is not None:
             timings["first_token"] = round((first_at - prep.submitted_at) * 1000.0, 3)
         timings["generate"] = round((now - prep.submitted_at) * 1000.0, 3)

@@ -35,7 +35,7 @@ STAGES = frozenset(
         # search
         "embed", "search", "keyword", "fuse", "hydrate", "rerank",
         # ask: retrieval (reported as "retrieve.<stage>"), then the generator
-        "prompt", "prefill", "first_token", "decode", "generate", "cite",
+        "prompt", "queue", "prefill", "first_token", "decode", "generate", "cite",
     }
 )  # fmt: skip
 # Seconds. Fine at the bottom: a stage such as fuse takes microseconds.

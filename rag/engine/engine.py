@@ -330,7 +330,15 @@ class Engine:
     def _final(self, req: _Request, reason: FinishReason) -> TokenEvent:
         seq = req.seq
         self._requests.pop(seq.request_id, None)
-        usage = Usage(seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+        queue_ms = prefill_ms = None
+        if seq.first_scheduled_time is not None:
+            queue_ms = round((seq.first_scheduled_time - seq.arrival_time) * 1000.0, 3)
+            if seq.first_token_time is not None:
+                prefill_ms = round((seq.first_token_time - seq.first_scheduled_time) * 1000.0, 3)
+        usage = Usage(
+            seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens,
+            queue_ms, prefill_ms,
+        )  # fmt: skip
         ev = TokenEvent(seq.request_id, req.text[req.sent :], tuple(req.pending_ids), reason, usage)
         req.sent = len(req.text)
         req.pending_ids = []

@@ -10,6 +10,7 @@ dataclasses below, so its tests build step results by hand.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -155,6 +156,8 @@ class Scheduler:
                 if seq.num_preemptions == 0:
                     seq.num_cached_tokens = num_hit_tokens
                 seq.status = SequenceStatus.RUNNING
+                if seq.first_scheduled_time is None:
+                    seq.first_scheduled_time = time.monotonic()
                 self.running.append(seq)
                 out.chunks.append(self._chunk(seq, num_new))
                 budget -= num_new
@@ -175,6 +178,8 @@ class Scheduler:
             if not chunk.sample:
                 continue
             token = result.sampled[chunk.request_id]
+            if seq.first_token_time is None:
+                seq.first_token_time = time.monotonic()
             seq.append_token(token)
             reason = seq.check_stop()
             if reason is not None:

@@ -105,6 +105,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None  # its prefill began (first admission)
+    first_token_time: float | None = None  # its prefill ended: the first token was sampled
     seq_no: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self) -> None:
@@ -153,6 +155,10 @@ class Usage:
     prompt_tokens: int
     cached_prompt_tokens: int
     completion_tokens: int
+    # Where the time to first token went: waiting for admission, then prefill (None when the
+    # request never got that far, or from a remote engine that does not say).
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -29,6 +29,9 @@ def test_streams_tokens_and_final_usage(fake_engine):
         assert text == "cdef"
         assert last.finish_reason is FinishReason.LENGTH
         assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (2, 4)
+        # The time to first token, split: waiting for admission, then the prefill itself.
+        assert last.usage.queue_ms is not None and last.usage.queue_ms >= 0
+        assert last.usage.prefill_ms is not None and last.usage.prefill_ms >= 0
 
     asyncio.run(main())
 

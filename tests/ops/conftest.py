@@ -24,7 +24,9 @@ class RecordingEngine:
         words = self.answer.split(" ")
         for i, word in enumerate(words):
             yield TokenEvent(rid, word if i == 0 else " " + word, (i,))
-        yield TokenEvent(rid, "", (), FinishReason.STOP, Usage(10, 0, len(words)))
+        yield TokenEvent(
+            rid, "", (), FinishReason.STOP, Usage(10, 0, len(words), queue_ms=0.5, prefill_ms=4.0)
+        )
 
     def cancel(self, request_id: str) -> None:
         pass

@@ -267,7 +267,10 @@ def test_search_ask_and_chat_record_their_stages(
         assert moved("search", stage) == 2, stage
     assert moved("search", "keyword") == 1
     for op in ("ask", "chat"):
-        for stage in ("embed", "search", "hydrate", "prompt", "first_token", "decode", "cite"):
+        for stage in (
+            "embed", "search", "hydrate", "prompt", "queue", "prefill", "first_token", "decode",
+            "cite",
+        ):  # fmt: skip
             assert moved(op, stage) == 1, (op, stage)
     # "total" is the request histogram's business.
     assert not any(k[0] == count and ("stage", "total") in k[1] for k in after)
