@@ -55,56 +55,82 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
 
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(BS), acc(G * D), m(G), l(G);
+  // One work item per sequence: a block's KV heads lie next to each other ([Hkv, BS, D]), so
+  // walking every head of a block together streams K and V block by block; the next block is
+  // prefetched while this one is attended (the blocks are scattered: the hardware prefetcher
+  // cannot guess the next one).
+  const int64_t block_floats = Hkv * BS * D;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * BS), acc(H * D), m(H), l(H);
     float* s = scores.data();
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = w / Hkv, h = w % Hkv;
+    for (int64_t b = begin; b < end; ++b) {
       const int64_t len = lens[b];
-      const float* qh = qp + (b * H + h * G) * D;  // G query heads, D each
+      const float* qb = qp + b * H * D;
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), -1e30f);  // finite: the build allows fast math
       std::fill(l.begin(), l.end(), 0.0f);
       const int64_t nblocks = (len + BS - 1) / BS;
       for (int64_t j = 0; j < nblocks; ++j) {
-        const int64_t block = bt[b * MB + j];
-        const float* kb = kp + (block * Hkv + h) * BS * D;
-        const float* vb = vp + (block * Hkv + h) * BS * D;
+        const float* kblock = kp + bt[b * MB + j] * block_floats;
+        const float* vblock = vp + bt[b * MB + j] * block_floats;
+        if (j + 1 < nblocks) {
+          const float* kn = kp + bt[b * MB + j + 1] * block_floats;
+          const float* vn = vp + bt[b * MB + j + 1] * block_floats;
+          for (int64_t off = 0; off < block_floats; off += 16) {  // 64-byte lines
+            __builtin_prefetch(kn + off);
+            __builtin_prefetch(vn + off);
+          }
+        }
         const int64_t n = std::min(BS, len - j * BS);
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = qh + g * D;
-          float block_max = -1e30f;
+        for (int64_t h = 0; h < Hkv; ++h) {
+          const float* kb = kblock + h * BS * D;
+          const float* vb = vblock + h * BS * D;
+          const float* qh = qb + h * G * D;  // the G query heads of KV head h
+          // Scores: each K row is loaded once and dotted with all G query heads.
           for (int64_t t = 0; t < n; ++t) {
             const float* kt = kb + t * D;
-            float dot = 0.0f;
+            for (int64_t g = 0; g < G; ++g) {
+              const float* qg = qh + g * D;
+              float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
-            s[t] = dot * sc;
-            block_max = std::max(block_max, s[t]);
+              for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
+              s[g * BS + t] = dot * sc;
+            }
           }
-          const float new_max = std::max(m[g], block_max);
-          const float correction = std::exp(m[g] - new_max);  // 0 before the first block
-          float sum = 0.0f;
+          // Online softmax per query head: rescale what was accumulated, add this block.
+          for (int64_t g = 0; g < G; ++g) {
+            float* sg = s + g * BS;
+            const int64_t head = h * G + g;
+            float block_max = -1e30f;
+            for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, sg[t]);
+            const float new_max = std::max(m[head], block_max);
+            const float correction = std::exp(m[head] - new_max);  // 0 before the first block
+            float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < n; ++t) {
-            s[t] = std::exp(s[t] - new_max);  // vectorised (libmvec) under fast math
-            sum += s[t];
-          }
-          float* a = acc.data() + g * D;
+            for (int64_t t = 0; t < n; ++t) {
+              sg[t] = std::exp(sg[t] - new_max);
+              sum += sg[t];
+            }
+            float* a = acc.data() + head * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+            for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+            m[head] = new_max;
+            l[head] = l[head] * correction + sum;
+          }
+          // Values: each V row is loaded once and added into all G accumulators.
           for (int64_t t = 0; t < n; ++t) {
-            const float p = s[t];
             const float* vt = vb + t * D;
+            for (int64_t g = 0; g < G; ++g) {
+              const float p = s[g * BS + t];
+              float* a = acc.data() + (h * G + g) * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) a[d] += p * vt[d];
+              for (int64_t d = 0; d < D; ++d) a[d] += p * vt[d];
+            }
           }
-          m[g] = new_max;
-          l[g] = l[g] * correction + sum;
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        float* o = op + (b * H + h * G + g) * D;
+      for (int64_t g = 0; g < H; ++g) {
+        float* o = op + (b * H + g) * D;
         const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
         for (int64_t d = 0; d < D; ++d) o[d] = acc[g * D + d] * inv;
       }
@@ -135,10 +161,13 @@ def _build() -> PagedDecode | None:
         from torch.utils.cpp_extension import load_inline
 
         module = load_inline(
-            name="ragserve_paged_attention_v2",
+            name="ragserve_paged_attention_v5",
             cpp_sources=[_SOURCE],
             functions=["paged_decode"],
-            extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"],
+            # -fopenmp: at::parallel_for is OpenMP inside ATen's headers (without it the loop
+            # runs on one thread). The libgomp it links is the one torch has already loaded.
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+            extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # no compiler, no headers: the torch path still works
