@@ -280,7 +280,7 @@ class Retriever:
         index = self.indexes.get(state.collection_id)
         params = index.params
         if state.kind in ("hnsw", "faiss_hnsw"):
-            return "ef_search", int(ef or params.get("ef_search", 64))
+            return "ef_search", int(ef or params.get("ef_search", 128))
         default_nprobe = getattr(index, "default_nprobe", None)
         value = nprobe or params.get("nprobe") or (default_nprobe() if default_nprobe else 8)
         return "nprobe", int(value)

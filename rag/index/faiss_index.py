@@ -406,7 +406,7 @@ class FaissHNSWIndex(_FaissBase):
     brute_force_max = BRUTE_FORCE_MAX
 
     def __init__(
-        self, dim: int, *, m: int = 32, ef_construction: int = 80, ef_search: int = 64
+        self, dim: int, *, m: int = 32, ef_construction: int = 80, ef_search: int = 128
     ) -> None:
         super().__init__(dim)
         self.m = m

@@ -53,7 +53,7 @@ class HnswIndex:
         *,
         m: int = 16,
         ef_construction: int = 200,
-        ef_search: int = 64,
+        ef_search: int = 128,
         initial_capacity: int = 1024,
         seed: int = 100,
     ) -> None:
