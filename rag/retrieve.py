@@ -280,7 +280,8 @@ class Retriever:
         index = self.indexes.get(state.collection_id)
         params = index.params
         if state.kind in ("hnsw", "faiss_hnsw"):
-            return "ef_search", int(ef or params.get("ef_search", 128))
+            default_ef = getattr(index, "default_ef_search", None)
+            return "ef_search", int(ef or (default_ef() if default_ef else 128))
         default_nprobe = getattr(index, "default_nprobe", None)
         value = nprobe or params.get("nprobe") or (default_nprobe() if default_nprobe else 8)
         return "nprobe", int(value)

@@ -89,7 +89,7 @@ def pareto(points: list[Point]) -> list[Point]:
 
 def sweep_values(kind: str, k: int, index: Any) -> tuple[str | None, list[int | None]]:
     if kind in ("hnsw", "faiss_hnsw"):
-        return "ef_search", sorted({max(k, v) for v in (8, 16, 24, 32, 48, 64, 96, 128, 256)})
+        return "ef_search", sorted({max(k, v) for v in (8, 16, 24, 32, 48, 64, 96, 128, 256, 512)})
     if kind.startswith("faiss_ivf"):
         nlist = int(index.params.get("nlist") or getattr(index, "_trained_nlist", 0) or 64)
         return "nprobe", [v for v in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128) if v <= nlist]

@@ -29,6 +29,7 @@ from rag.index.base import (
     allowed_array,
     as_ids,
     as_vectors,
+    auto_ef_search,
     brute_force,
     check_add,
     read_meta,
@@ -406,7 +407,12 @@ class FaissHNSWIndex(_FaissBase):
     brute_force_max = BRUTE_FORCE_MAX
 
     def __init__(
-        self, dim: int, *, m: int = 32, ef_construction: int = 80, ef_search: int = 128
+        self,
+        dim: int,
+        *,
+        m: int = 32,
+        ef_construction: int = 80,
+        ef_search: int | None = None,  # None: auto_ef_search(len(self))
     ) -> None:
         super().__init__(dim)
         self.m = m
@@ -414,8 +420,8 @@ class FaissHNSWIndex(_FaissBase):
         self.ef_search = ef_search
         self._index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
         self._index.hnsw.efConstruction = ef_construction
-        self._index.hnsw.efSearch = ef_search
-        self._ef = ef_search  # the index-wide efSearch, for unfiltered searches
+        self._ef = ef_search or auto_ef_search(0)  # index-wide efSearch, unfiltered searches
+        self._index.hnsw.efSearch = self._ef
         self._labels = np.zeros(0, dtype=np.int64)  # slot -> label
         self._alive = np.zeros(0, dtype=bool)  # slot -> not tombstoned
         self._slot: dict[int, int] = {}  # live label -> slot
@@ -430,6 +436,10 @@ class FaissHNSWIndex(_FaissBase):
     @property
     def deleted_count(self) -> int:
         return int(self._index.ntotal) - len(self._slot)
+
+    def default_ef_search(self) -> int:
+        """The ef used when a search does not name one."""
+        return self.ef_search or auto_ef_search(len(self._slot))
 
     def add(self, ids: Ids, vectors: Vectors) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
@@ -484,7 +494,7 @@ class FaissHNSWIndex(_FaissBase):
         if allowed is None and not params.exact:
             # The common case: no filter, no tombstones. A plain search at the index-wide
             # efSearch (like hnswlib's set_ef) skips building per-call SWIG parameters.
-            ef = max(params.ef_search or self.ef_search, params.k)
+            ef = max(params.ef_search or self.default_ef_search(), params.k)
             with self._lock.read():
                 if ef == self._ef:
                     hits = self._plain(queries, params.k)
@@ -529,7 +539,7 @@ class FaissHNSWIndex(_FaissBase):
                 search_params = faiss.SearchParameters(sel=sel)
                 scores, slots = storage.search(queries, k, params=search_params)
             else:
-                ef = max(params.ef_search or self.ef_search, k)
+                ef = max(params.ef_search or self.default_ef_search(), k)
                 search_params = (
                     self._hnsw_params(ef)
                     if sel is None
@@ -574,7 +584,6 @@ class FaissHNSWIndex(_FaissBase):
         meta = read_meta(path, cls.kind)
         index = cls(int(meta["dim"]), **meta["params"])
         index._index = faiss.read_index(str(path / INDEX_FILE))
-        index._index.hnsw.efSearch = index._ef
         index._labels = np.load(path / "labels.npy", allow_pickle=False).astype(np.int64)
         index._alive = np.load(path / "alive.npy", allow_pickle=False).astype(bool)
         if len(index._labels) != index._index.ntotal or len(index._alive) != len(index._labels):
@@ -582,6 +591,8 @@ class FaissHNSWIndex(_FaissBase):
         slots = np.flatnonzero(index._alive)
         index._slot = dict(zip(index._labels[slots].tolist(), slots.tolist(), strict=True))
         index._live = index._slot
+        index._ef = index.default_ef_search()
+        index._index.hnsw.efSearch = index._ef
         return index
 
 

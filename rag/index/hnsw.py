@@ -26,6 +26,7 @@ from rag.index.base import (
     allowed_array,
     as_ids,
     as_vectors,
+    auto_ef_search,
     brute_force,
     check_add,
     merge_hits,
@@ -53,7 +54,7 @@ class HnswIndex:
         *,
         m: int = 16,
         ef_construction: int = 200,
-        ef_search: int = 128,
+        ef_search: int | None = None,  # None: auto_ef_search(len(self))
         initial_capacity: int = 1024,
         seed: int = 100,
     ) -> None:
@@ -69,8 +70,8 @@ class HnswIndex:
             M=m,
             random_seed=seed,
         )
-        self._index.set_ef(ef_search)
-        self._ef = ef_search
+        self._ef = ef_search or auto_ef_search(0)  # empty now; searches follow the size
+        self._index.set_ef(self._ef)
         # hnswlib keeps deleted labels in its lookup table, so the live set is tracked here.
         self._live: set[int] = set()
         # (labels, vectors) of the live set for exact search; None when stale.
@@ -89,6 +90,10 @@ class HnswIndex:
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def default_ef_search(self) -> int:
+        """The ef used when a search does not name one."""
+        return self.ef_search or auto_ef_search(len(self._live))
 
     @property
     def deleted_count(self) -> int:
@@ -130,7 +135,7 @@ class HnswIndex:
         self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
     ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
-        ef = max(params.ef_search or self.ef_search, params.k)
+        ef = max(params.ef_search or self.default_ef_search(), params.k)
         labels = None if allowed is None else allowed_array(allowed)
         with self._lock.read():
             if self._ef == ef or not self._needs_graph(params, labels):
@@ -229,7 +234,8 @@ class HnswIndex:
         meta = read_meta(path, cls.kind)
         index = cls(int(meta["dim"]), **meta["params"])
         index._index.load_index(str(path / INDEX_FILE))
-        index._index.set_ef(index.ef_search)
         live = np.load(path / LABELS_FILE, allow_pickle=False)
         index._live = set(live.tolist())
+        index._ef = index.default_ef_search()
+        index._index.set_ef(index._ef)
         return index
