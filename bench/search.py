@@ -205,13 +205,13 @@ def bare_call(kind: str, index: Any, knobs: dict[str, Any]) -> Callable[[F32], A
     Reaches into the backend's private attribute on purpose: same data, same graph."""
     if kind == "hnsw":
         lib = index._index
-        ef = max(knobs.get("ef_search") or index.ef_search, K)
+        ef = max(knobs.get("ef_search") or index.default_ef_search(), K)
         lib.set_ef(ef)
         index._ef = ef  # keep our wrapper's view of the index-wide ef consistent
         return lambda x: lib.knn_query(x, k=K, num_threads=1)
     if kind == "faiss_hnsw":
         lib = index._index
-        lib.hnsw.efSearch = max(knobs.get("ef_search") or index.ef_search, K)
+        lib.hnsw.efSearch = max(knobs.get("ef_search") or index.default_ef_search(), K)
         return lambda x: lib.search(x, K)
     if kind in ("faiss_ivf", "faiss_ivf_sq8"):
         lib = index._ivf

@@ -203,8 +203,9 @@ def auto_ef_search(n_vectors: int) -> int:
     """HNSW's candidate list when a collection has not set one: 128 up to 100k vectors
     (recall@10 ~0.99 on MiniLM vectors at 25k), then growing as n^0.7, because a denser graph
     needs a longer walk for the same recall (on the bench's 1M set hnswlib gives 0.87 at 128,
-    0.92 at 256, 0.947 at 510); capped at 1024. A few hundred candidates cost a millisecond or so, against ~5 ms to
-    embed the query; `rag tune` finds the cheapest setting per collection."""
+    0.92 at 256, 0.947 at 510, 0.958 at 642); capped at 1024. A few hundred candidates cost a
+    millisecond or so, against ~5 ms to embed the query; `rag tune` finds the cheapest setting
+    per collection."""
     if n_vectors <= 100_000:
         return 128
     return min(1024, int(round(128 * (n_vectors / 100_000) ** 0.7)))
