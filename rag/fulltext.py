@@ -17,11 +17,23 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 MAX_TERMS = 32
 
 
+# Words that say nothing about which passage is meant. OR-ed into the match they pull in most
+# of the collection: slower, and BM25's idf only partly discounts them.
+STOPWORDS = frozenset(
+    "a an and are as at be but by can could did do does doing for from had has have how i if "
+    "in into is it its me my no not of on or our should so than that the their them then "
+    "there these they this those to was we were what when where which while who whom why "
+    "will with would you your".split()
+)
+
+
 def terms(query: str) -> list[str]:
+    """The query's distinct words, stopwords dropped (all of them kept if that is all)."""
     seen: dict[str, None] = {}
     for word in _WORD.findall(query.lower()):
         seen.setdefault(word, None)
-    return list(seen)[:MAX_TERMS]
+    words = [w for w in seen if w not in STOPWORDS] or list(seen)
+    return words[:MAX_TERMS]
 
 
 def keyword_search(

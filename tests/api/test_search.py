@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from sqlalchemy import text as sql
 
 from tests.conftest import Api
 
@@ -209,3 +210,23 @@ def test_collection_search_defaults_and_rebuild_into_another_kind(sqlite_api: Ap
         f"/v1/collections/{cid}/index/rebuild", json={"kind": "nope"}, headers=api.a
     )
     assert r.status_code == 422
+
+
+def test_keyword_side_ignores_stopwords(api: Api) -> None:
+    """A question's filler words ("when", "the", "is") match nearly every passage; only the
+    words that say what is meant reach the full-text engine."""
+    from rag.fulltext import keyword_search, terms
+
+    assert terms("When is the Ferry to the island?") == ["ferry", "island"]
+    assert terms("to be or not to be") == ["to", "be", "or", "not"]  # nothing else to go on
+    cid = api.collection(api.a)
+    docs = _ingest(api, api.a, cid, FACTS)
+    with api.services.db.read() as session:
+        hits = keyword_search(session, cid, "when is the ferry to the island", 10)
+    # Every fact has "the", "to", "of" or "at"; only the first mentions the ferry.
+    assert len(hits) == 1
+    with api.services.db.read() as session:
+        chunk_doc = session.execute(
+            sql("SELECT document_id FROM chunks WHERE id = :id"), {"id": hits[0][0]}
+        ).scalar_one()
+    assert chunk_doc == docs[0]
