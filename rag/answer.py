@@ -271,10 +271,8 @@ class Answerer:
                             ev.usage.completion_tokens,
                         )
                         # The engine's split of the time to first token, when it gives one.
-                        for stage in ("queue", "prefill"):
-                            value = getattr(ev.usage, f"{stage}_ms", None)
-                            if value is not None:
-                                engine_stages[stage] = value
+                        split = (("queue", ev.usage.queue_ms), ("prefill", ev.usage.prefill_ms))
+                        engine_stages = {stage: ms for stage, ms in split if ms is not None}
                     break
         except EngineError as exc:
             log.warning("generation %s failed: %s", prep.request_id, type(exc).__name__)

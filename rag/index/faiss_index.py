@@ -420,11 +420,11 @@ class FaissHNSWIndex(_FaissBase):
         self.ef_search = ef_search
         self._index = faiss.IndexHNSWFlat(dim, m, faiss.METRIC_INNER_PRODUCT)
         self._index.hnsw.efConstruction = ef_construction
-        self._ef = ef_search or auto_ef_search(0)  # index-wide efSearch, unfiltered searches
-        self._index.hnsw.efSearch = self._ef
         self._labels = np.zeros(0, dtype=np.int64)  # slot -> label
         self._alive = np.zeros(0, dtype=bool)  # slot -> not tombstoned
         self._slot: dict[int, int] = {}  # live label -> slot
+        self._ef = self.default_ef_search()  # index-wide efSearch, for unfiltered searches
+        self._index.hnsw.efSearch = self._ef
         self._params_by_ef: dict[int, Any] = {}
         self._live = self._slot
         self._live_bitmap: npt.NDArray[np.uint8] | None = None  # cache, None when stale

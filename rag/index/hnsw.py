@@ -70,10 +70,10 @@ class HnswIndex:
             M=m,
             random_seed=seed,
         )
-        self._ef = ef_search or auto_ef_search(0)  # empty now; searches follow the size
-        self._index.set_ef(self._ef)
         # hnswlib keeps deleted labels in its lookup table, so the live set is tracked here.
         self._live: set[int] = set()
+        self._ef = self.default_ef_search()  # index-wide; searches follow the size
+        self._index.set_ef(self._ef)
         # (labels, vectors) of the live set for exact search; None when stale.
         self._matrix: tuple[Ids, Vectors] | None = None
         self._matrix_lock = threading.Lock()

@@ -101,6 +101,13 @@ def _by(sel: str) -> tuple[str, str]:
     return ("css selector", sel)
 
 
+def _open_documents(driver: Any, console: Console, cid: str) -> None:
+    """Sign in and open a collection's documents page, ready for files to be dropped."""
+    _sign_in(driver, console)
+    driver.get(f"{console.url}/console#/c/{cid}/documents")
+    _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
+
+
 def _sign_in(driver: Any, console: Console) -> None:
     driver.get(console.url + "/console")
     field = _wait(lambda: driver.find_element(*_by("#signin-key")), "the sign-in form")
@@ -239,9 +246,7 @@ def test_upload_watch_ask_and_open_a_citation(
         description="Facts about Freedonia",
         chunking={"tokens": 16, "overlap": 4},
     )
-    _sign_in(driver, console)
-    driver.get(f"{console.url}/console#/c/{cid}/documents")
-    _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
+    _open_documents(driver, console, cid)
 
     # Two files dropped at once, and a third through the file picker.
     _drop_files(driver, {"freedonia.txt": DOC_FREEDONIA, "river.txt": DOC_RIVER})
@@ -317,9 +322,7 @@ def test_document_list_is_live_failures_say_why_and_delete(
 ) -> None:
     driver = browser
     cid = _api_collection(console, "atlas", description="Facts about Freedonia")
-    _sign_in(driver, console)
-    driver.get(f"{console.url}/console#/c/{cid}/documents")
-    _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
+    _open_documents(driver, console, cid)
 
     # One good file and one that cannot be parsed: the failure shows its reason.
     _drop_files(driver, {"freedonia.txt": DOC_FREEDONIA, "scan.pdf": BROKEN_PDF})
@@ -398,9 +401,7 @@ def test_document_markup_renders_as_text(console: Console, browser: Any, shots: 
     driver = browser
     console.engine.answer = HOSTILE_ANSWER
     cid = _api_collection(console, "hostile")
-    _sign_in(driver, console)
-    driver.get(f"{console.url}/console#/c/{cid}/documents")
-    _wait(lambda: driver.find_element(*_by("#dropzone")).is_displayed(), "the drop zone")
+    _open_documents(driver, console, cid)
     _drop_files(driver, {"report.txt": HOSTILE, "<img src=x onerror=alert(1)>.txt": HOSTILE + "2"})
     _wait_indexed(driver, 2)
 

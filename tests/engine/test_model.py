@@ -135,3 +135,23 @@ def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_s
         )  # fmt: skip
     assert kernel_out.shape == torch_out.shape
     torch.testing.assert_close(kernel_out, torch_out, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_that_cannot_build_leaves_the_torch_path(monkeypatch, caplog):
+    """No compiler (or any build failure): a warning, no kernel, and a runner that asked for
+    one attends with torch instead."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    from rag.engine import kernels
+
+    def no_compiler(**_kw):
+        raise RuntimeError("g++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    monkeypatch.setattr(kernels, "_loaded", {})  # forget a kernel built earlier
+    with caplog.at_level("WARNING", logger="rag.engine.kernels"):
+        assert kernels.paged_decode_kernel() is None
+    assert "g++: not found" in caplog.text and "torch path" in caplog.text
+    _, ours = tiny_pair()
+    runner = ModelRunner(ours, KVCacheSpec(8, 4), torch.device("cpu"), attention_kernel=True)
+    assert runner.decode_kernel is None
