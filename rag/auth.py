@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
@@ -104,20 +105,85 @@ def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
         return key
 
 
-def authenticate(db: Database, authorization: str | None) -> Principal:
+def _bearer(authorization: str | None) -> str:
     if not authorization:
         raise Unauthorized("missing Authorization header: use 'Authorization: Bearer <key>'")
     scheme, _, key = authorization.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise Unauthorized("Authorization header must be 'Bearer <key>'")
-    digest = hash_key(key)
-    with db.connect() as conn:  # every request runs this: a prebuilt statement, no ORM
+    return key
+
+
+class KeyCache:
+    """Keys resolved in the last `ttl_s` seconds, by hash, so that a burst of searches does
+    not go to the database (and through a worker thread) once per request to authenticate.
+
+    Only keys that resolved are kept: a key created a moment ago works at once, and made-up
+    keys cannot fill the cache. A key revoked through this process is dropped at once; one
+    revoked through another replica stops working here within `ttl_s`. `ttl_s` 0 turns the
+    cache off.
+    """
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, authorization: str | None) -> Principal | None:
+        """The principal of a well-formed header whose key resolved recently, else None (the
+        caller then authenticates against the database, which also explains what is wrong)."""
+        if not authorization or not self._entries:
+            return None
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            return None
+        hit = self._entries.get(hash_key(key))
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, digest: str, principal: Principal) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[digest] = (time.monotonic() + self.ttl_s, principal)
+
+    def forget(self, key_id: str) -> None:
+        for digest, (_, principal) in list(self._entries.items()):
+            if principal.key_id == key_id:
+                self._entries.pop(digest, None)
+
+
+def authenticate(
+    db: Database, authorization: str | None, cache: KeyCache | None = None
+) -> Principal:
+    digest = hash_key(_bearer(authorization))
+    with db.connect() as conn:  # a prebuilt statement, no ORM
         row = conn.execute(_KEY_BY_HASH, {"digest": digest}).first()
     # The lookup is by hash; compare again in constant time for good measure.
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         raise Unauthorized("invalid API key")
-    return Principal(row.tenant_id, row.name, row.is_admin, row.id)
+    principal = Principal(row.tenant_id, row.name, row.is_admin, row.id)
+    if cache is not None:
+        cache.put(digest, principal)
+    return principal
+
+
+def revoke_key(db: Database, key_id: str, cache: KeyCache | None = None) -> bool:
+    """Revoke a key: from now on it authenticates nothing. False if there is no such live
+    key."""
+    with db.write() as session:
+        key = session.get(ApiKey, key_id)
+        if key is None or key.revoked_at is not None:
+            return False
+        key.revoked_at = time.time()
+    if cache is not None:
+        cache.forget(key_id)
+    return True
 
 
 _KEY_BY_HASH = (

@@ -102,6 +102,9 @@ class AskSettings(_Section):
 class AuthSettings(_Section):
     # When unset, an admin key is generated on first start and printed once.
     admin_key: SecretStr | None = None
+    # How long a key that resolved is trusted without asking the database again (a key
+    # revoked on another replica keeps working here for at most this long); 0: always ask.
+    key_cache_s: float = Field(1.0, ge=0)
 
 
 class ApiSettings(_Section):

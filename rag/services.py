@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rag.auth import ensure_admin_key
+from rag.auth import KeyCache, ensure_admin_key
 from rag.config import Settings
 from rag.db import Database
 from rag.db.migrate import upgrade
@@ -28,6 +28,7 @@ class Services:
     embedder: Embedder
     indexes: IndexManager
     retriever: Retriever
+    key_cache: KeyCache
     workers: list = field(default_factory=list)  # ingest.worker.Worker
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -103,6 +104,7 @@ def build_services(
         embedder=embedder,
         indexes=indexes,
         retriever=retriever,
+        key_cache=KeyCache(settings.auth.key_cache_s),
         _engine=engine,
     )
     run_worker = (

@@ -22,7 +22,12 @@ async def current_principal(
     services: ServicesDep,
     authorization: Annotated[str | None, Header(description="Bearer <API key>")] = None,
 ) -> Principal:
-    return await run_in_threadpool(authenticate, services.db, authorization)
+    # A key seen in the last moment resolves here, on the event loop; anything else (a new
+    # key, a wrong one) goes to the database on a worker thread.
+    principal = services.key_cache.get(authorization)
+    if principal is not None:
+        return principal
+    return await run_in_threadpool(authenticate, services.db, authorization, services.key_cache)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

@@ -241,6 +241,7 @@ class KeyCreate(Request):
 
 class KeyCreated(BaseModel):
     key: str = Field(description="shown once; only its hash is stored")
+    id: str = Field(description="the key's id, to revoke it with")
     tenant: str
     tenant_id: str
 
@@ -251,6 +252,7 @@ class KeyInfo(BaseModel):
     tenant_id: str
     is_admin: bool
     created_at: str | None
+    revoked_at: str | None = None
 
     @classmethod
     def of(cls, k: ApiKey) -> KeyInfo:
@@ -260,6 +262,7 @@ class KeyInfo(BaseModel):
             tenant_id=k.tenant_id,
             is_admin=k.is_admin,
             created_at=iso(k.created_at),
+            revoked_at=iso(k.revoked_at),
         )
 
 

@@ -136,6 +136,12 @@ class HnswIndex:
     ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         ef = max(params.ef_search or self.default_ef_search(), params.k)
+        if allowed is None and not params.exact:
+            # The common case (no filter, the graph at the current ef) in as few steps as
+            # possible: this path is most of a search's time outside hnswlib itself.
+            with self._lock.read():
+                if self._ef == ef and params.k < len(self._live):
+                    return self._query(queries, params.k, ef, None)
         labels = None if allowed is None else allowed_array(allowed)
         with self._lock.read():
             if self._ef == ef or not self._needs_graph(params, labels):
@@ -185,9 +191,10 @@ class HnswIndex:
             # back to an exact scan rather than returning less than the index holds.
             log.debug("hnswlib could not return %d results at ef %d; scanning", k, ef)
             return self._brute_force(queries, allowed, k)
-        # hnswlib's "ip" distance is 1 - dot. Convert the batch once, then slice rows.
-        ids = labels.astype(np.int64)
-        scores = (1.0 - dists).astype(np.float32, copy=False)
+        # hnswlib's "ip" distance is 1 - dot, in a fresh float32 array it hands over: turn
+        # it into scores in place. Its uint64 labels are chunk ids (< 2**63): reinterpret.
+        ids = labels.view(np.int64)
+        scores = np.subtract(1.0, dists, out=dists)
         return [Hits(ids[i], scores[i]) for i in range(ids.shape[0])]
 
     def _brute_force(self, queries: Vectors, allowed: set[int] | None, k: int) -> list[Hits]:
@@ -232,7 +239,10 @@ class HnswIndex:
     @classmethod
     def load(cls, path: Path) -> HnswIndex:
         meta = read_meta(path, cls.kind)
-        index = cls(int(meta["dim"]), **meta["params"])
+        index = cls(int(meta["dim"]), **meta["params"], initial_capacity=0)
+        # A fresh hnswlib object: loading into the one the constructor initialised would make
+        # hnswlib free it and print a warning.
+        index._index = hnswlib.Index(space="ip", dim=index.dim)
         index._index.load_index(str(path / INDEX_FILE))
         live = np.load(path / LABELS_FILE, allow_pickle=False)
         index._live = set(live.tolist())

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
+from rag.embed import Embedder
 from tests.conftest import ADMIN, Api
 
 
@@ -86,3 +90,51 @@ def test_only_the_hash_is_stored(api: Api) -> None:
     with api.services.db.read() as s:
         stored = [k.key_hash for k in s.scalars(select(ApiKey))]
     assert key not in stored and all(len(h) == 64 for h in stored)
+
+
+def _new_key(api: Api, tenant: str) -> tuple[dict[str, str], str]:
+    r = api.client.post("/v1/keys", json={"tenant": tenant}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['key']}"}, r.json()["id"]
+
+
+def test_a_revoked_key_stops_working_at_once(api: Api) -> None:
+    c = api.client
+    key, key_id = _new_key(api, "leaving")
+    assert c.get("/v1/keys/me", headers=key).json()["id"] == key_id  # resolved, now cached
+    assert c.delete(f"/v1/keys/{key_id}", headers=api.a).status_code == 403
+    assert c.delete(f"/v1/keys/{key_id}", headers=ADMIN).status_code == 204
+    r = c.get("/v1/collections", headers=key)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    # Listed as revoked; revoking it again, or an unknown id, is a 404.
+    listed = {k["id"]: k for k in c.get("/v1/keys", headers=ADMIN).json()}
+    assert listed[key_id]["revoked_at"] is not None
+    assert c.get("/v1/keys", headers=api.a).status_code == 403
+    assert c.delete(f"/v1/keys/{key_id}", headers=ADMIN).status_code == 404
+    assert c.delete("/v1/keys/no-such-key", headers=ADMIN).status_code == 404
+    # An admin cannot lock itself out with the key it is using.
+    admin_id = c.get("/v1/keys/me", headers=ADMIN).json()["id"]
+    r = c.delete(f"/v1/keys/{admin_id}", headers=ADMIN)
+    assert r.status_code == 409 and "another admin key" in r.json()["error"]["message"]
+
+
+def test_a_key_revoked_on_another_replica_stops_within_the_cache_time(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: Embedder
+) -> None:
+    one = make_api(db_url, hash_embedder)
+    two = make_api(db_url, hash_embedder)  # a second replica on the same database
+    two.services.key_cache.ttl_s = 0.5
+    key, key_id = _new_key(one, "roaming")
+    assert two.client.get("/v1/collections", headers=key).status_code == 200  # cached there
+    assert one.client.delete(f"/v1/keys/{key_id}", headers=ADMIN).status_code == 204
+    assert one.client.get("/v1/collections", headers=key).status_code == 401
+    time.sleep(0.7)  # past the second replica's cache time
+    assert two.client.get("/v1/collections", headers=key).status_code == 401
+
+
+def test_wrong_keys_are_not_cached(api: Api) -> None:
+    for i in range(50):
+        headers = {"Authorization": f"Bearer made-up-{i}"}
+        assert api.client.get("/v1/collections", headers=headers).status_code == 401
+    assert api.client.get("/v1/collections", headers=api.a).status_code == 200
+    assert len(api.services.key_cache._entries) <= 3  # tenant a's, and the admin's

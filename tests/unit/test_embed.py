@@ -20,6 +20,7 @@ def test_queries_and_batches_give_the_same_vectors(minilm: SentenceTransformerEm
     np.testing.assert_allclose(one_by_one, batch, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
     assert minilm._onnx is not None  # queries went through ONNX Runtime, batches through torch
+    assert minilm._onnx.fused  # on ONNX Runtime's fused attention and layer-norm kernels
 
 
 def test_the_torch_query_backend_gives_the_same_vectors(
@@ -125,3 +126,16 @@ def test_the_onnx_encoder_declines_what_it_cannot_export(
 
     monkeypatch.setattr(torch.onnx, "export", broken_export)
     assert OnnxQueryEncoder.build(minilm._model, threads=1) is None
+
+
+def test_the_onnx_encoder_runs_unfused_when_fusion_does_not_apply(
+    minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rag.embed
+    from rag.embed import OnnxQueryEncoder
+
+    monkeypatch.setattr(rag.embed, "_fuse", lambda graph, config: None)
+    plain = OnnxQueryEncoder.build(minilm._model, threads=1)
+    assert plain is not None and not plain.fused
+    texts = ["what is a closure in perl", "the longest river in europe"]
+    np.testing.assert_allclose(plain(texts), minilm._encode(texts), atol=1e-5)  # torch

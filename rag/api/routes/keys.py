@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import KeyCreate, KeyCreated, KeyInfo
-from rag.auth import create_key, require_admin
+from rag.auth import create_key, hash_key, require_admin, revoke_key
 from rag.db.models import ApiKey
+from rag.errors import Conflict, NotFound
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
@@ -16,7 +17,20 @@ def create(body: KeyCreate, services: ServicesDep, principal: CurrentPrincipal) 
     """Admin only: create an API key for a tenant (the tenant is created if new)."""
     require_admin(principal)
     key, tenant_id = create_key(services.db, body.tenant, is_admin=body.admin)
-    return KeyCreated(key=key, tenant=body.tenant.strip(), tenant_id=tenant_id)
+    with services.db.read() as session:
+        key_id = session.scalar(select(ApiKey.id).where(ApiKey.key_hash == hash_key(key)))
+    assert key_id is not None
+    return KeyCreated(key=key, id=key_id, tenant=body.tenant.strip(), tenant_id=tenant_id)
+
+
+@router.get("", response_model=list[KeyInfo])
+def list_keys(services: ServicesDep, principal: CurrentPrincipal) -> list[KeyInfo]:
+    """Admin only: every key, revoked ones included, newest first (never the keys
+    themselves: only their first characters)."""
+    require_admin(principal)
+    with services.db.read() as session:
+        keys = session.scalars(select(ApiKey).order_by(ApiKey.created_at.desc())).all()
+        return [KeyInfo.of(k) for k in keys]
 
 
 @router.get("/me", response_model=KeyInfo)
@@ -26,3 +40,15 @@ def me(services: ServicesDep, principal: CurrentPrincipal) -> KeyInfo:
         key = session.scalar(select(ApiKey).where(ApiKey.id == principal.key_id))
         assert key is not None
         return KeyInfo.of(key)
+
+
+@router.delete("/{key_id}", status_code=204, response_class=Response)
+def revoke(key_id: str, services: ServicesDep, principal: CurrentPrincipal) -> Response:
+    """Admin only: revoke a key. It stops working at once on this server, and within
+    `auth.key_cache_s` (1 s by default) on other replicas."""
+    require_admin(principal)
+    if key_id == principal.key_id:
+        raise Conflict("this request is made with that key: revoke it with another admin key")
+    if not revoke_key(services.db, key_id, services.key_cache):
+        raise NotFound(f"no live API key with id {key_id!r}")
+    return Response(status_code=204)

@@ -115,7 +115,9 @@ async def metrics(
     if instruments is None:
         raise NotFound("metrics are turned off (metrics.enabled=false)")
     if not services.settings.metrics.public:
-        principal = await run_in_threadpool(authenticate, services.db, authorization)
+        principal = await run_in_threadpool(
+            authenticate, services.db, authorization, services.key_cache
+        )
         require_admin(principal)
     body = await run_in_threadpool(instruments.render)
     return Response(body, media_type=CONTENT_TYPE)

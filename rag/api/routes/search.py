@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import asdict
-
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import IndexInfo, PassageOut, SearchIn, SearchOut
@@ -15,7 +13,7 @@ router = APIRouter(tags=["search"])
 @router.post("/v1/collections/{collection_id}/search", response_model=SearchOut)
 def search(
     collection_id: str, body: SearchIn, services: ServicesDep, principal: CurrentPrincipal
-) -> SearchOut:
+) -> Response:
     """The top-k passages for a query, with the knobs actually used, per-stage timings, and
     whether anything was degraded to stay within the latency budget."""
     knobs = Knobs(
@@ -33,8 +31,8 @@ def search(
     result = services.retriever.search(principal.tenant_id, collection_id, body.query, knobs, filt)
     observe_stages("search", result.timings_ms)
     state = result.index
-    return SearchOut(
-        passages=[PassageOut(**asdict(p)) for p in result.passages],
+    out = SearchOut(
+        passages=[PassageOut(**vars(p)) for p in result.passages],
         knobs=result.knobs,
         timings_ms=result.timings_ms,
         degraded=bool(result.degraded),
@@ -49,3 +47,6 @@ def search(
             stale=state.stale,
         ),
     )
+    # Serialised here, once: FastAPI would validate the model again against response_model
+    # and encode it in two more passes (~0.5 ms a search, for the same bytes).
+    return Response(out.model_dump_json(), media_type="application/json")
