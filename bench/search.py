@@ -5,11 +5,13 @@
 1. recall@10 against queries/s for every index kind and knob setting, at the 24,576 real
    MiniLM vectors and at a large synthetic set (1M; `--quick`: 100k), single queries, one thread;
 2. the index layer's overhead: `index.search` against the bare hnswlib / faiss call on the same
-   index object at the same knobs, single queries, interleaved (ratio of medians);
+   index object at the same knobs, single queries, in alternating passes (ratio of medians);
 3. `POST /v1/collections/{id}/search` over real HTTP (uvicorn on loopback) on a SQLite
    collection of 100k chunks (`--quick`: 25k), query embedding included: p50, p99, recall@10
    against exact search over the same rows;
-4. chromadb (embedded, default HNSW settings) on the same corpus and query vectors.
+4. chromadb (embedded, default HNSW settings) on the same corpus and query vectors, timed
+   interleaved with ragserve in process: index alone, vector in / texts out (the figure), and
+   with the shared embedder included.
 
 Ends with, one per line: FIGURE recall_at_10_default, FIGURE index_overhead_ratio,
 FIGURE search_http_p99_ms, FIGURE chroma_p99_over_ours.
