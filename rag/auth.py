@@ -59,16 +59,26 @@ def validate_tenant_name(name: str) -> str:
 def create_key(db: Database, tenant_name: str, *, is_admin: bool = False) -> tuple[str, str]:
     """Create a key for a tenant (created if new). Returns (key, tenant_id); the key is not
     stored and cannot be shown again."""
+    key, tenant_id, _ = create_key_with_id(db, tenant_name, is_admin=is_admin)
+    return key, tenant_id
+
+
+def create_key_with_id(
+    db: Database, tenant_name: str, *, is_admin: bool = False
+) -> tuple[str, str, str]:
+    """`create_key`, also returning the new key's id (key, tenant_id, key_id)."""
     tenant_name = validate_tenant_name(tenant_name)
     key = new_key()
     with db.write() as session:
         tenant = _tenant(session, tenant_name, create=True)
-        session.add(
-            ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=is_admin)
+        row = ApiKey(
+            tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=is_admin
         )
-        tenant_id = tenant.id
+        session.add(row)
+        session.flush()
+        tenant_id, key_id = tenant.id, row.id
     log.info("api key created for tenant %s", tenant_id)
-    return key, tenant_id
+    return key, tenant_id, key_id
 
 
 def ensure_admin_key(db: Database, configured: str | None) -> str | None:
@@ -105,12 +115,18 @@ def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
         return key
 
 
+def _key_of(authorization: str | None) -> str | None:
+    """The key of a well-formed `Bearer <key>` header, else None."""
+    scheme, _, key = (authorization or "").partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
 def _bearer(authorization: str | None) -> str:
     if not authorization:
         raise Unauthorized("missing Authorization header: use 'Authorization: Bearer <key>'")
-    scheme, _, key = authorization.partition(" ")
-    key = key.strip()
-    if scheme.lower() != "bearer" or not key:
+    key = _key_of(authorization)
+    if key is None:
         raise Unauthorized("Authorization header must be 'Bearer <key>'")
     return key
 
@@ -134,11 +150,8 @@ class KeyCache:
     def get(self, authorization: str | None) -> Principal | None:
         """The principal of a well-formed header whose key resolved recently, else None (the
         caller then authenticates against the database, which also explains what is wrong)."""
-        if not authorization or not self._entries:
-            return None
-        scheme, _, key = authorization.partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
+        key = _key_of(authorization) if self._entries else None
+        if key is None:
             return None
         hit = self._entries.get(hash_key(key))
         if hit is None or hit[0] < time.monotonic():

@@ -551,7 +551,7 @@ class FaissHNSWIndex(_FaissBase):
         """Unfiltered graph search, or None when it does not apply (tombstones, k covering
         every vector, or a walk that came back short)."""
         limit = len(self._slot)
-        if k >= limit or self._ntotal != limit:  # k covers everything, or tombstones
+        if k >= limit or self.deleted_count:
             return None
         scores, slots = self._index.search(queries, k)
         if slots.min() < 0:

@@ -139,3 +139,26 @@ def test_the_onnx_encoder_runs_unfused_when_fusion_does_not_apply(
     assert plain is not None and not plain.fused
     texts = ["what is a closure in perl", "the longest river in europe"]
     np.testing.assert_allclose(plain(texts), minilm._encode(texts), atol=1e-5)  # torch
+
+
+def test_a_fused_graph_that_disagrees_is_not_used(
+    minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+
+    import torch
+
+    import rag.embed
+    from rag.embed import OnnxQueryEncoder, _export
+
+    # A "fused" graph from other weights: its vectors are not the model's.
+    other = copy.deepcopy(minilm._model[0].auto_model)
+    with torch.no_grad():
+        for p in other.encoder.layer[0].parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    wrong = _export(other, minilm._model.tokenizer)
+    monkeypatch.setattr(rag.embed, "_fuse", lambda graph, config: wrong)
+    encoder = OnnxQueryEncoder.build(minilm._model, threads=1)
+    assert encoder is not None and not encoder.fused
+    texts = ["what is a closure in perl"]
+    np.testing.assert_allclose(encoder(texts), minilm._encode(texts), atol=1e-5)

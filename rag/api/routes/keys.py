@@ -5,7 +5,7 @@ from sqlalchemy import select
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import KeyCreate, KeyCreated, KeyInfo
-from rag.auth import create_key, hash_key, require_admin, revoke_key
+from rag.auth import create_key_with_id, require_admin, revoke_key
 from rag.db.models import ApiKey
 from rag.errors import Conflict, NotFound
 
@@ -16,10 +16,7 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
 def create(body: KeyCreate, services: ServicesDep, principal: CurrentPrincipal) -> KeyCreated:
     """Admin only: create an API key for a tenant (the tenant is created if new)."""
     require_admin(principal)
-    key, tenant_id = create_key(services.db, body.tenant, is_admin=body.admin)
-    with services.db.read() as session:
-        key_id = session.scalar(select(ApiKey.id).where(ApiKey.key_hash == hash_key(key)))
-    assert key_id is not None
+    key, tenant_id, key_id = create_key_with_id(services.db, body.tenant, is_admin=body.admin)
     return KeyCreated(key=key, id=key_id, tenant=body.tenant.strip(), tenant_id=tenant_id)
 
 
