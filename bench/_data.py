@@ -18,8 +18,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+# The data sets live beside the checkout, in ../shared/data (never downloaded).
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 VECTORS = SHARED / "vectors"
+
+
+def shared(*parts: str) -> Path:
+    """A path under ../shared/data, or exit saying where it was looked for: a benchmark never
+    runs on stand-in data without saying so."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        raise SystemExit(
+            f"benchmark data not found: {path} (the benches read ../shared/data beside the "
+            "checkout; see ../shared/ASSETS.md)"
+        )
+    return path
+
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

@@ -4,7 +4,7 @@ transformers generate" one question at a time.
     python bench/ask.py            # 2,000 documents, 128 questions, max_tokens 128
     python bench/ask.py --quick    # 500 documents, 32 questions, max_tokens 64 (< 15 min, 2 cores)
 
-Documents come from /work/shared/data/wiki_vital/passages.jsonl (synthetic text when absent).
+Documents come from ../shared/data/wiki_vital/passages.jsonl (beside the checkout).
 Prints a markdown table and, last, `FIGURE answers_per_s_vs_naive <x>` and
 `FIGURE invalid_citations <n>` (citations to a passage not given or not visible to the caller).
 """
@@ -27,28 +27,25 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import shared  # noqa: E402
+
 from rag.api.loopback import LiveServer  # noqa: E402
 from rag.auth import create_key  # noqa: E402
 from rag.config import Settings  # noqa: E402
 from rag.engine import EngineSettings, build_engine  # noqa: E402
 from rag.services import build_services  # noqa: E402
 
-DATA = Path("/work/shared/data/wiki_vital/passages.jsonl")
-
 
 def load_docs(n: int) -> list[dict[str, str]]:
     docs: list[dict[str, str]] = []
-    if DATA.exists():
-        with DATA.open() as f:
-            for line in f:
-                row = json.loads(line)
-                docs.append({"title": row["title"], "text": row["text"][:700]})
-                if len(docs) >= n:
-                    break
-    rng = random.Random(0)
-    while len(docs) < n:
-        i = len(docs)
-        docs.append({"title": f"Topic {i}", "text": f"Topic {i} is about {rng.random():.6f}."})
+    with shared("wiki_vital", "passages.jsonl").open() as f:
+        for line in f:
+            row = json.loads(line)
+            docs.append({"title": row["title"], "text": row["text"][:700]})
+            if len(docs) >= n:
+                break
+    if len(docs) < n:
+        raise SystemExit(f"wiki_vital holds {len(docs)} passages; {n} were asked for")
     return docs
 
 
@@ -113,8 +110,8 @@ def naive(services: Any, tenant_id: str, cid: str, questions: list[str], max_tok
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer
 
-    from rag.prompt import messages_for
-    from rag.retrieve import Knobs
+    from rag.answer.prompt import messages_for
+    from rag.knobs import Knobs
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()

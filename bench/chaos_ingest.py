@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ingest.audit import audit, pending_jobs, spawn_worker  # noqa: E402
 from rag.api.app import create_app  # noqa: E402
 from rag.config import Settings  # noqa: E402
 from rag.embed import HashEmbedder, SentenceTransformerEmbedder  # noqa: E402
 from rag.services import build_services  # noqa: E402
+from tests.support.audit import audit, pending_jobs, spawn_worker  # noqa: E402
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import shared  # noqa: E402
+
 from rag.engine import EngineSettings, SamplingParams, build_engine  # noqa: E402
 from rag.engine.loader import resolve_folder  # noqa: E402
 
@@ -35,7 +37,6 @@ SYSTEM = (
     "unless the question asks for one, and never mention these instructions. Quote numbers, "
     "names and dates exactly as the passages give them. Do not use outside knowledge."
 )
-PASSAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki_vital" / "passages.jsonl"
 
 
 @dataclass
@@ -63,13 +64,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def load_texts() -> list[str]:
-    if PASSAGES.exists():
-        with PASSAGES.open() as f:
-            return [json.loads(line).get("text", "") for line in f][:3000]
-    rng = random.Random(0)
-    words = ["river", "city", "science", "history", "music"]
-    words += ["energy", "language", "ancient", "empire", "climate"]
-    return [" ".join(rng.choice(words) for _ in range(80)) + "." for _ in range(500)]
+    with shared("wiki_vital", "passages.jsonl").open() as f:
+        return [json.loads(line).get("text", "") for line in f][:3000]
 
 
 def workload(tok, n: int, out_lo: int, out_hi: int, ctx_lo: int, ctx_hi: int, seed: int):

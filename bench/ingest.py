@@ -3,7 +3,7 @@ SentenceTransformer.encode on the same chunks, in the same run.
 
     python bench/ingest.py [--quick] [--docs N] [--passages-per-doc P]
 
-Documents are built from ../shared/data/wiki_vital passages (or synthetic text when that is
+Documents are built from ../shared/data/wiki_vital passages (the bench exits when that is
 absent). The pipeline run goes through the real HTTP app, the real worker and SQLite; the
 baseline encodes exactly the chunk texts the pipeline produced, with the same model, batch
 size and threads. Ends with `FIGURE ingest_vs_encode <ratio>`.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import shared  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
@@ -31,31 +31,11 @@ from rag.db.models import Chunk  # noqa: E402
 from rag.embed import SentenceTransformerEmbedder  # noqa: E402
 from rag.services import build_services  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
 
 def load_passages(n: int) -> list[str]:
-    path = SHARED / "wiki_vital" / "passages.jsonl"
-    if path.exists():
-        with path.open() as f:
-            rows = [json.loads(line) for _, line in zip(range(n), f, strict=False)]
-        return [f"{r['title']}\n\n{r['text']}" for r in rows]
-    rng = random.Random(0)
-    words = [
-        "harbour",
-        "ferry",
-        "tide",
-        "keeper",
-        "lens",
-        "ship",
-        "storm",
-        "light",
-        "coast",
-        "chart",
-        "rope",
-        "sail",
-    ]
-    return [" ".join(rng.choice(words) for _ in range(90)) + "." for _ in range(n)]
+    with shared("wiki_vital", "passages.jsonl").open() as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+    return [f"{r['title']}\n\n{r['text']}" for r in rows]
 
 
 def make_documents(n_docs: int, per_doc: int) -> list[str]:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality import DOCFAQ, insert_passages, load_passages, md_table  # noqa: E402
 
-from rag import eval as evaluation  # noqa: E402
 from rag.api.loopback import LiveServer  # noqa: E402
+from rag.ops import eval as evaluation  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,8 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rag import eval as evaluation  # noqa: E402
-from rag.retrieve import Knobs  # noqa: E402
+from rag.knobs import Knobs  # noqa: E402
+from rag.ops import eval as evaluation  # noqa: E402
 
 DOCFAQ = Path(__file__).resolve().parents[2] / "shared" / "data" / "docfaq"
 log = logging.getLogger("bench.quality")
@@ -96,13 +96,13 @@ def insert_passages(
     from sqlalchemy import insert, select
 
     from rag.auth import create_key
-    from rag.db import repo
+    from rag.db import collections
     from rag.db.models import Blob, ChangeLog, Chunk, Document, new_id, now
 
     embedder = services.embedder
     key, tenant_id = create_key(services.db, tenant_name)
     with services.db.write() as session:
-        cid = repo.create_collection(
+        cid = collections.create(
             session,
             tenant_id,
             name="docfaq",
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     weights = [float(w) for w in args.weights.split(",") if w.strip()]
 
     from rag.config import Settings
+    from rag.db.fulltext import keyword_search
     from rag.embed import SentenceTransformerEmbedder
-    from rag.fulltext import keyword_search
     from rag.services import build_services
 
     queries = evaluation.read_queries(root / "queries.jsonl")

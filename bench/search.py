@@ -54,7 +54,7 @@ from bench._data import (  # noqa: E402
     table,
     time_each,
 )
-from rag.index import Hits, SearchParams, VectorIndex, build_index, default_kind_for  # noqa: E402
+from rag.index import Hits, Knobs, VectorIndex, build_index, default_kind_for  # noqa: E402
 
 log = logging.getLogger("bench.search")
 
@@ -96,11 +96,11 @@ def build(kind: str, params: dict[str, Any], vectors: F32) -> tuple[VectorIndex,
     return index, time.perf_counter() - t
 
 
-def _one(index: VectorIndex, queries: F32, sp: SearchParams, i: int) -> list[Hits]:
+def _one(index: VectorIndex, queries: F32, sp: Knobs, i: int) -> list[Hits]:
     return index.search(queries[i : i + 1], sp)
 
 
-def _ours(index: VectorIndex, sp: SearchParams, x: F32) -> list[Hits]:
+def _ours(index: VectorIndex, sp: Knobs, x: F32) -> list[Hits]:
     return index.search(x, sp)
 
 
@@ -148,7 +148,7 @@ def sweep(
             continue
         n_q = min(len(queries), brute_queries) if kind in BRUTE_KINDS else len(queries)
         for knobs in knob_list:
-            sp = SearchParams(k=K, **knobs)
+            sp = Knobs(k=K, **knobs)
             with faiss_threads(1):
                 index.search(queries[:1], sp)  # warm: ef set, pages touched
                 times, hits = time_each(partial(_one, index, queries, sp), n_q)
@@ -272,7 +272,7 @@ def overhead(
         bare = bare_call(kind, index, knobs)
         if bare is None:
             continue
-        sp = SearchParams(k=K, **knobs)
+        sp = Knobs(k=K, **knobs)
         with faiss_threads(1):
             t = interleaved({"ours": partial(_ours, index, sp), "bare": bare}, queries)
         ours, lib = percentile(t["ours"], 50), percentile(t["bare"], 50)
@@ -286,7 +286,7 @@ def overhead(
 
 def hnsw_breakdown(index: Any, queries: F32, profile: bool) -> str:
     """Where the hnsw wrapper's extra time goes, layer by layer (interleaved medians)."""
-    sp = SearchParams(k=K, ef_search=40)
+    sp = Knobs(k=K, ef_search=40)
     lib = index._index
     index.search(queries[:1], sp)
     fns = {
@@ -331,13 +331,13 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
     from sqlalchemy import insert, select
 
     from rag.auth import create_key
-    from rag.db import repo
+    from rag.db import collections
     from rag.db.models import Blob, ChangeLog, Chunk, Document, now
 
     embedder = services.embedder
     key, tenant_id = create_key(services.db, "bench")
     with services.db.write() as session:
-        cid = repo.create_collection(
+        cid = collections.create(
             session,
             tenant_id,
             name="bench",
@@ -572,9 +572,9 @@ def http_and_chroma(
         # tenant and tombstone checks). chromadb's two queries run interleaved with ours, query
         # by query in rotating order, so both sides see the same machine: on this shared box
         # the same embedder's p99 moved by 40% between minutes.
-        from rag.retrieve import Knobs, Retriever
+        from rag.retrieve import Retriever
 
-        sp = SearchParams(k=K)
+        sp = Knobs(k=K)
         tenant_id = _tenant_of(services, cid)
         # The same search path with the query vector looked up instead of computed: the
         # embedder is one object shared by both sides, so this pair compares what each

@@ -20,9 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
-from ingest.detect import DOCX, HTML, MARKDOWN, PDF
 from ingest.parse import DEFAULT_PARSE_FN, ParsedText, ParseFn, ParseLimits, Section, too_long
 from rag.errors import ParseError, RagError
+from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, decode_text
 from rag.errors import ParseError, UnsupportedMediaType
+from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, decode_text
 
 if TYPE_CHECKING:
     from docx.table import Table

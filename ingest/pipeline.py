@@ -1,25 +1,39 @@
-"""One job, top to bottom: load → parse → chunk → embed → write (one transaction)."""
+"""A batch of claimed jobs, top to bottom: load → parse → chunk (each job on its own) →
+embed (one call for the whole batch) → write (one transaction, each job fenced on its lease).
+
+One job's problem fails that job alone: the worker's `guard` runs each job's step and turns
+its failure into a retry or a permanent failure (rag.db.jobs), while the rest of the batch
+goes on. Embedding the chunks of up to `claim_batch` jobs in one call is what keeps ingest
+near the model's bare encode speed.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ingest import jobs
 from ingest.chunk import chunk_text
 from ingest.isolate import parse_isolated
-from ingest.jobs import ChunkRow, ClaimedJob
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
-from rag.db import Database
+from rag.db import Database, jobs
+from rag.db.jobs import ChunkRow, ClaimedJob
 from rag.embed import Embedder, split_rows
 from rag.errors import ParseError, UnsupportedMediaType
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Runs one job's step; its failure fails (or retries) that job alone, and gives None.
+Guard = Callable[[ClaimedJob, Callable[[], T]], T | None]
+# A job's lease check: raises LeaseLost once another worker owns it.
+StillOurs = Callable[[ClaimedJob], Callable[[], None]]
 
 # Plain text needs no sandbox: decoding is bounded by the upload size limit.
 IN_PROCESS_TYPES = {"text/plain", "text/markdown"}
@@ -30,7 +44,7 @@ class PermanentFailure(Exception):
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Chunked:
     """A job parsed and chunked, waiting for its vectors."""
 
     text: str
@@ -44,16 +58,29 @@ class Pipeline:
         self.settings = settings
         self.limits = ParseLimits.from_settings(settings)
 
-    def run(self, job: ClaimedJob, still_ours: Callable[[], None]) -> str:
-        """Process one claimed job. `still_ours` raises LeaseLost when the lease was lost."""
-        prepared = self.prepare(job, still_ours)
-        if prepared is None:
-            return "cancelled"
-        jobs.set_status(self.db, [job], "embedding")
-        [vectors] = self.embed([prepared])
-        return self.finish(job, prepared, vectors, still_ours)
+    def run(self, held: list[ClaimedJob], guard: Guard, still_ours: StillOurs) -> None:
+        """Process a claimed batch."""
+        ready: list[tuple[ClaimedJob, Chunked]] = []
+        for job in held:
+            log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
+            chunked = guard(job, partial(self.chunk, job, still_ours(job)))
+            if chunked is not None:
+                ready.append((job, chunked))
+        if not ready:
+            return
+        try:
+            jobs.set_status(self.db, [job for job, _ in ready], "embedding")
+            vectors = self.embed([c for _, c in ready])
+        except Exception as exc:
+            log.exception("embedding failed for %d jobs", len(ready))
+            for job, _ in ready:
+                guard(job, partial(_raise, exc))
+            return
+        self.write(ready, vectors, guard, still_ours)
 
-    def prepare(self, job: ClaimedJob, still_ours: Callable[[], None]) -> Prepared | None:
+    # ---------------------------------------------------------------- the stages
+
+    def chunk(self, job: ClaimedJob, still_ours: Callable[[], None]) -> Chunked | None:
         """Load, parse and chunk one job. None when its document is gone (job cancelled)."""
         inp = jobs.load_input(self.db, job)
         if inp is None:
@@ -64,57 +91,15 @@ class Pipeline:
                 f"collection embeds with {inp.embedding_model!r} but this worker runs "
                 f"{self.embedder.model_id!r}"
             )
-
         text = self.parse(inp.data, inp.media_type)  # `parsing` was set when it was claimed
-
         still_ours()
         max_tokens = min(inp.chunk_tokens, self.embedder.max_tokens)
         overlap = min(inp.chunk_overlap, max_tokens // 2)
         spans = chunk_text(text, self.embedder.token_spans, max_tokens, overlap)
         if not spans:
             raise PermanentFailure("the document contains no text")
-        chunks = [
-            ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans
-        ]
-        return Prepared(text, chunks)
-
-    def embed(self, batch: list[Prepared]) -> list[npt.NDArray[np.float32]]:
-        """One encode call for the chunks of several jobs (the model batches and sorts them by
-        length itself), split back per job."""
-        texts = [c.text for p in batch for c in p.chunks]
-        return split_rows(self.embedder.embed(texts), [len(p.chunks) for p in batch])
-
-    def finish(
-        self,
-        job: ClaimedJob,
-        prepared: Prepared,
-        vectors: npt.NDArray[np.float32],
-        still_ours: Callable[[], None],
-    ) -> str:
-        still_ours()
-        state = jobs.complete(
-            self.db,
-            job,
-            text=prepared.text,
-            chunks=prepared.chunks,
-            vectors=vectors,
-            embedding_model=self.embedder.model_id,
-        )
-        log.info("job %s: %s, %d chunks", job.id, state, len(prepared.chunks))
-        return state
-
-    def finish_many(
-        self, batch: list[tuple[ClaimedJob, Prepared, npt.NDArray[np.float32]]]
-    ) -> dict[str, str]:
-        """Write a batch of jobs in one transaction; each is fenced on its own lease."""
-        states = jobs.complete_many(
-            self.db,
-            [jobs.Finished(job, p.text, p.chunks, v) for job, p, v in batch],
-            self.embedder.model_id,
-        )
-        for job, prepared, _ in batch:
-            log.info("job %s: %s, %d chunks", job.id, states[job.id], len(prepared.chunks))
-        return states
+        rows = [ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans]
+        return Chunked(text, rows)
 
     def parse(self, data: bytes, media_type: str) -> str:
         try:
@@ -125,3 +110,53 @@ class Pipeline:
         except (ParseError, UnsupportedMediaType) as exc:
             raise PermanentFailure(exc.message) from exc
         return parsed.text
+
+    def embed(self, batch: list[Chunked]) -> list[npt.NDArray[np.float32]]:
+        """One encode call for the chunks of several jobs (the model batches and sorts them by
+        length itself), split back per job."""
+        texts = [c.text for p in batch for c in p.chunks]
+        return split_rows(self.embedder.embed(texts), [len(p.chunks) for p in batch])
+
+    def write(
+        self,
+        ready: list[tuple[ClaimedJob, Chunked]],
+        vectors: list[npt.NDArray[np.float32]],
+        guard: Guard,
+        still_ours: StillOurs,
+    ) -> None:
+        """The whole batch in one transaction; if that fails, each job on its own, so one
+        job's problem fails that job alone."""
+        batch = [
+            jobs.Finished(job, c.text, c.chunks, v)
+            for (job, c), v in zip(ready, vectors, strict=True)
+        ]
+        try:
+            states = jobs.complete_many(self.db, batch, self.embedder.model_id)
+        except Exception:
+            log.exception("writing a batch of %d jobs failed; writing them one by one", len(batch))
+            for item in batch:
+                guard(item.job, partial(self._write_one, item, still_ours(item.job)))
+            return
+        for item in batch:
+            state = states[item.job.id]
+            if state == "lost":
+                log.warning("job %s: lease lost; another worker owns it now", item.job.id)
+            else:
+                log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
+
+    def _write_one(self, item: jobs.Finished, still_ours: Callable[[], None]) -> str:
+        still_ours()
+        state = jobs.complete(
+            self.db,
+            item.job,
+            text=item.text,
+            chunks=item.chunks,
+            vectors=item.vectors,
+            embedding_model=self.embedder.model_id,
+        )
+        log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
+        return state
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc

@@ -11,22 +11,14 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from ingest import jobs
-from ingest.jobs import ClaimedJob, LeaseLost
-from ingest.pipeline import PermanentFailure, Pipeline, Prepared
+from ingest.pipeline import PermanentFailure, Pipeline
 from rag.config import IngestSettings
-from rag.db import Database
+from rag.db import Database, jobs
+from rag.db.jobs import ClaimedJob, LeaseLost
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 class _Heartbeat:
@@ -77,56 +69,15 @@ class Worker:
         self.processed = 0
 
     def run_once(self) -> bool:
-        """Claim and process a batch of jobs (up to `claim_batch`): each is parsed and chunked
-        on its own, their chunks are embedded in one call, and each is written in its own
-        transaction. False when there was no job."""
+        """Claim a batch of jobs (up to `claim_batch`), keep their leases alive, and run them
+        through the pipeline. False when there was no job."""
         held = self._claim_batch()
         if not held:
             return False
         with _Heartbeat(self.db, held, self.settings.lease_s) as beat:
-            ready: list[tuple[ClaimedJob, Prepared]] = []
-            for job in held:
-                log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
-                prepared = self._guard(job, lambda j=job: self.pipeline.prepare(j, beat.checker(j)))
-                if prepared is not None:
-                    ready.append((job, prepared))
-            if ready:
-                try:
-                    jobs.set_status(self.db, [job for job, _ in ready], "embedding")
-                    vectors = self.pipeline.embed([p for _, p in ready])
-                except Exception as exc:
-                    log.exception("embedding failed for %d jobs", len(ready))
-                    for job, _ in ready:
-                        self._guard(job, lambda e=exc: _raise(e))
-                else:
-                    self._finish(ready, vectors, beat)
+            self.pipeline.run(held, self._guard, beat.checker)
         self.processed += len(held)
         return True
-
-    def _finish(
-        self,
-        ready: list[tuple[ClaimedJob, Prepared]],
-        vectors: list[npt.NDArray[np.float32]],
-        beat: _Heartbeat,
-    ) -> None:
-        """The whole batch in one transaction; if that fails, each job on its own, so one
-        job's problem fails that job alone."""
-        batch = [(job, p, v) for (job, p), v in zip(ready, vectors, strict=True)]
-        try:
-            states = self.pipeline.finish_many(batch)
-        except Exception:
-            log.exception("writing a batch of %d jobs failed; writing them one by one", len(batch))
-            for job, prepared, vecs in batch:
-                self._guard(
-                    job,
-                    lambda j=job, p=prepared, v=vecs: self.pipeline.finish(
-                        j, p, v, beat.checker(j)
-                    ),
-                )
-            return
-        for job_id, state in states.items():
-            if state == "lost":
-                log.warning("job %s: lease lost; another worker owns it now", job_id)
 
     def _claim_batch(self) -> list[ClaimedJob]:
         return jobs.claim_many(

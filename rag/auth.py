@@ -9,12 +9,8 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
-from rag.db import Database
-from rag.db.models import ApiKey, Tenant
+from rag.db import Database, IntegrityError
+from rag.db import keys as key_rows
 from rag.errors import Forbidden, Invalid, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -38,17 +34,6 @@ def new_key() -> str:
     return "rag_" + secrets.token_urlsafe(32)
 
 
-def _tenant(session: Session, name: str, *, create: bool) -> Tenant:
-    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
-    if tenant is None:
-        if not create:
-            raise Invalid(f"no tenant named {name!r}")
-        tenant = Tenant(name=name)
-        session.add(tenant)
-        session.flush()
-    return tenant
-
-
 def validate_tenant_name(name: str) -> str:
     name = name.strip()
     if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
@@ -70,12 +55,8 @@ def create_key_with_id(
     tenant_name = validate_tenant_name(tenant_name)
     key = new_key()
     with db.write() as session:
-        tenant = _tenant(session, tenant_name, create=True)
-        row = ApiKey(
-            tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=is_admin
-        )
-        session.add(row)
-        session.flush()
+        tenant = key_rows.tenant(session, tenant_name, create=True)
+        row = key_rows.add(session, tenant.id, hash_key(key), key[:10], is_admin=is_admin)
         tenant_id, key_id = tenant.id, row.id
     log.info("api key created for tenant %s", tenant_id)
     return key, tenant_id, key_id
@@ -93,25 +74,16 @@ def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
     """Make sure an admin key exists. With a configured key, register its hash; without one
     and with no admin key yet, generate one and return it so the caller can print it once."""
     with db.write() as session:
-        tenant = _tenant(session, ADMIN_TENANT, create=True)
+        tenant = key_rows.tenant(session, ADMIN_TENANT, create=True)
         if configured:
             digest = hash_key(configured)
-            if session.scalar(select(ApiKey).where(ApiKey.key_hash == digest)) is None:
-                session.add(
-                    ApiKey(
-                        tenant_id=tenant.id, key_hash=digest, prefix=configured[:10], is_admin=True
-                    )
-                )
+            if key_rows.by_hash(session, digest) is None:
+                key_rows.add(session, tenant.id, digest, configured[:10], is_admin=True)
             return None
-        existing = session.scalar(
-            select(ApiKey).where(ApiKey.is_admin.is_(True), ApiKey.revoked_at.is_(None))
-        )
-        if existing is not None:
+        if key_rows.live_admin_exists(session):
             return None
         key = new_key()
-        session.add(
-            ApiKey(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], is_admin=True)
-        )
+        key_rows.add(session, tenant.id, hash_key(key), key[:10], is_admin=True)
         return key
 
 
@@ -176,11 +148,11 @@ def authenticate(
 ) -> Principal:
     digest = hash_key(_bearer(authorization))
     with db.connect() as conn:  # a prebuilt statement, no ORM
-        row = conn.execute(_KEY_BY_HASH, {"digest": digest}).first()
+        row = key_rows.live_by_hash(conn, digest)
     # The lookup is by hash; compare again in constant time for good measure.
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         raise Unauthorized("invalid API key")
-    principal = Principal(row.tenant_id, row.name, row.is_admin, row.id)
+    principal = Principal(row.tenant_id, row.tenant_name, row.is_admin, row.key_id)
     if cache is not None:
         cache.put(digest, principal)
     return principal
@@ -190,20 +162,11 @@ def revoke_key(db: Database, key_id: str, cache: KeyCache | None = None) -> bool
     """Revoke a key: from now on it authenticates nothing. False if there is no such live
     key."""
     with db.write() as session:
-        key = session.get(ApiKey, key_id)
-        if key is None or key.revoked_at is not None:
+        if not key_rows.revoke(session, key_id):
             return False
-        key.revoked_at = time.time()
     if cache is not None:
         cache.forget(key_id)
     return True
-
-
-_KEY_BY_HASH = (
-    select(ApiKey.key_hash, ApiKey.tenant_id, ApiKey.is_admin, ApiKey.id, Tenant.name)
-    .join(Tenant, Tenant.id == ApiKey.tenant_id)
-    .where(ApiKey.key_hash == bindparam("digest"), ApiKey.revoked_at.is_(None))
-)
 
 
 def require_admin(principal: Principal) -> None:

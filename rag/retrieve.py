@@ -14,64 +14,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session
-
 from rag.config import SearchSettings
-from rag.db import Database
-from rag.db.models import Chunk, Collection, Document
+from rag.db import Database, chunks, collections
+from rag.db.chunks import MetaValue
+from rag.db.fulltext import keyword_search
 from rag.deadline import Deadline
 from rag.embed import Embedder
 from rag.errors import Invalid, NotFound
-from rag.fulltext import keyword_search
-from rag.index.base import Hits, SearchParams
+from rag.index.base import Hits
 from rag.index.manager import IndexManager, IndexState
+from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
-
-# Built once: every search runs these two, and building a statement costs more than running
-# it on SQLite.
-_COLLECTION_DEFAULTS = select(Collection.search_defaults).where(
-    Collection.id == bindparam("cid"),
-    Collection.tenant_id == bindparam("tenant"),
-    Collection.deleted_at.is_(None),
-)
-# Only what a passage shows: the chunk's vector stays in the database.
-_HYDRATE = (
-    select(
-        Chunk.id,
-        Chunk.document_id,
-        Chunk.ordinal,
-        Chunk.text,
-        Chunk.start_char,
-        Chunk.end_char,
-        Document.filename,
-        Document.meta.label("meta"),
-    )
-    .join(Document, Document.id == Chunk.document_id)
-    .where(
-        Chunk.id.in_(bindparam("ids", expanding=True)),
-        Chunk.collection_id == bindparam("cid"),
-        Chunk.tenant_id == bindparam("tenant"),
-        Document.tenant_id == bindparam("tenant"),
-        Document.deleted_at.is_(None),
-    )
-)
-MetaValue = str | int | float | bool
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """What a request asked for; None means the collection's default, then the service's."""
-
-    k: int | None = None
-    ef_search: int | None = None
-    nprobe: int | None = None
-    exact: bool | None = None
-    hybrid: float | None = None  # keyword weight in the fusion, 0 = dense only
-    budget_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,12 +58,16 @@ class Passage:
 @dataclass
 class SearchResult:
     passages: list[Passage]
-    knobs: dict[str, Any]
+    knobs: Knobs  # the values used: the request's, the collection's, the index's defaults
     timings_ms: dict[str, float]
     degraded: list[str]
     index: IndexState
     partial: bool  # the index is still building or catching up: results cover what is indexed
     over_budget: bool = False
+
+    def knobs_used(self) -> dict[str, Any]:
+        """The knobs as a response reports them, with the index kind that served them."""
+        return {**self.knobs.as_dict(drop_unset=False), "index_kind": self.index.kind}
 
 
 @dataclass
@@ -149,16 +109,16 @@ class Retriever:
         timings: dict[str, float] = {}
         degraded: list[str] = []
         with self.db.connect() as conn:
-            saved = conn.execute(
-                _COLLECTION_DEFAULTS, {"cid": collection_id, "tenant": tenant_id}
-            ).first()
+            saved = collections.saved_defaults(conn, tenant_id, collection_id)
         if saved is None:
             raise NotFound(f"collection {collection_id} not found")
-        k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved[0] or {}, query, knobs)
+        k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved, query, knobs)
         allowed = None
         if filt is not None and not filt.empty:
             with self.db.read() as session:
-                allowed = _allowed_chunks(session, collection_id, filt)
+                allowed = chunks.allowed_ids(
+                    session, collection_id, filt.document_ids, filt.metadata
+                )
         deadline = deadline or Deadline.after_ms(budget_ms)
         cost = self._costs.setdefault(collection_id, _Cost())
         # A few spare candidates absorb hits that the SQL re-check drops.
@@ -191,7 +151,7 @@ class Retriever:
         outcome = self.indexes.search(
             collection_id,
             qvec,
-            SearchParams(k=fetch, ef_search=ef, nprobe=nprobe, exact=bool(exact)),
+            Knobs(k=fetch, ef_search=ef, nprobe=nprobe, exact=bool(exact)),
             allowed_ids=allowed,
         )
         timings["search"] = _ms(t)
@@ -222,16 +182,15 @@ class Retriever:
         timings["total"] = deadline.elapsed_ms()
 
         state = outcome.state
-        used = {
-            "k": k,
+        used = Knobs(
+            k=k,
             # The values the index actually used: the request's, or the index's defaults.
-            "ef_search": max(effort, k) if effort_param == "ef_search" and not exact else None,
-            "nprobe": effort if effort_param == "nprobe" and not exact else None,
-            "exact": bool(exact),
-            "hybrid": hybrid or 0.0,
-            "budget_ms": budget_ms,
-            "index_kind": state.kind,
-        }
+            ef_search=max(effort, k) if effort_param == "ef_search" and not exact else None,
+            nprobe=effort if effort_param == "nprobe" and not exact else None,
+            exact=bool(exact),
+            hybrid=hybrid or 0.0,
+            budget_ms=budget_ms,
+        )
         return SearchResult(
             passages,
             used,
@@ -254,9 +213,11 @@ class Retriever:
         if len(query) > self.settings.max_query_chars:
             raise Invalid(f"query is longer than {self.settings.max_query_chars} characters")
 
+        given = knobs.over(Knobs.from_dict(saved))
+
         def pick(name: str, default: Any) -> Any:
-            value = getattr(knobs, name)
-            return value if value is not None else saved.get(name, default)
+            value = getattr(given, name)
+            return value if value is not None else default
 
         k = int(pick("k", self.settings.default_k))
         if not 1 <= k <= self.settings.max_k:
@@ -294,12 +255,8 @@ class Retriever:
     ) -> list[Passage]:
         if not ranked:
             return []
-        ids = [r[0] for r in ranked]
         with self.db.connect() as conn:
-            rows = conn.execute(
-                _HYDRATE, {"ids": ids, "cid": collection_id, "tenant": tenant_id}
-            ).all()
-        by_id = {row.id: row for row in rows}
+            by_id = chunks.hydrate(conn, tenant_id, collection_id, [r[0] for r in ranked])
         out = []
         for chunk_id, score, dense, kw in ranked:
             row = by_id.get(chunk_id)
@@ -339,35 +296,6 @@ def fuse(
         fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (RRF_K + rank + 1)
     best = sorted(fused.items(), key=lambda kv: -kv[1])[:limit]
     return [(i, s, dense_scores.get(i), kw_scores.get(i)) for i, s in best]
-
-
-def _allowed_chunks(session: Session, collection_id: str, filt: Filter) -> set[int]:
-    """Chunk ids a filter allows, resolved in SQL; the index filters inside its search."""
-    stmt = (
-        select(Chunk.id)
-        .join(Document, Document.id == Chunk.document_id)
-        .where(Chunk.collection_id == collection_id, Document.deleted_at.is_(None))
-    )
-    if filt.document_ids:
-        stmt = stmt.where(Document.id.in_(filt.document_ids))
-    for key, value in (filt.metadata or {}).items():
-        field_ = Document.meta[key]
-        known = session.scalar(
-            select(Document.id)
-            .where(Document.collection_id == collection_id, field_.as_string().is_not(None))
-            .limit(1)
-        )
-        if known is None:
-            raise Invalid(f"no document in this collection has the metadata key {key!r}")
-        if isinstance(value, bool):
-            stmt = stmt.where(field_.as_boolean() == value)
-        elif isinstance(value, int):
-            stmt = stmt.where(field_.as_integer() == value)
-        elif isinstance(value, float):
-            stmt = stmt.where(field_.as_float() == value)
-        else:
-            stmt = stmt.where(field_.as_string() == value)
-    return set(session.scalars(stmt))
 
 
 def _ms(t0: float) -> float:

@@ -16,7 +16,8 @@ from rag.index.manager import IndexManager
 from rag.retrieve import Retriever
 
 if TYPE_CHECKING:
-    from rag.engine.engine import GenerationBackend
+    from ingest.worker import Worker
+    from rag.engine.protocol import GenerationBackend
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +30,22 @@ class Services:
     indexes: IndexManager
     retriever: Retriever
     key_cache: KeyCache
-    workers: list = field(default_factory=list)  # ingest.worker.Worker
+    workers: list[Worker] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     # The generator is built on first use (ingest-only processes never load it), or passed
     # in by tests.
     _engine: GenerationBackend | None = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Built here (and so closed here), not passed in by a caller that shares it.
+    _own_embedder: bool = False
 
     @property
     def engine(self) -> GenerationBackend:
         if self._engine is None:
             with self._engine_lock:
                 if self._engine is None:
-                    from rag.engine import build_engine
+                    from rag.engine.build import build_engine
 
                     self._engine = build_engine(self.settings.engine)
         return self._engine
@@ -66,9 +69,13 @@ class Services:
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads.clear()
-        if self._engine is not None and hasattr(self._engine, "close"):
+        if self._engine is not None:
             self._engine.close()
         self.indexes.close()
+        if self._own_embedder:
+            close = getattr(self.embedder, "close", None)
+            if close is not None:
+                close()
         self.db.dispose()
 
 
@@ -88,6 +95,7 @@ def build_services(
     if generated and announce_admin_key:
         # Printed once, to the terminal only (never to the log).
         print(f"\nGenerated admin API key (shown once, store it now): {generated}\n", flush=True)
+    own_embedder = embedder is None
     embedder = embedder or build_embedder(settings.embed)
     indexes = IndexManager(
         db,
@@ -106,6 +114,7 @@ def build_services(
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
         _engine=engine,
+        _own_embedder=own_embedder,
     )
     run_worker = (
         settings.ingest.in_process_worker if in_process_worker is None else (in_process_worker)
@@ -115,7 +124,7 @@ def build_services(
     return services
 
 
-def make_worker(services: Services):  # type: ignore[no-untyped-def]
+def make_worker(services: Services) -> Worker:
     from ingest.pipeline import Pipeline
     from ingest.worker import Worker
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag.logs import request_id
-from rag.metrics import Metrics
+from rag.ops.logs import request_id
+from rag.ops.metrics import Metrics
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag.db.documents import Accepted
 from rag.db.models import ApiKey, Chunk, Collection, Document, IngestJob
 
 
@@ -122,6 +123,18 @@ class AcceptedDocument(BaseModel):
     size: int
     status: str
     duplicate: bool
+
+    @classmethod
+    def of(cls, a: Accepted) -> AcceptedDocument:
+        return cls(
+            document_id=a.document.id,
+            job_id=a.job.id if a.job else None,
+            filename=a.document.filename,
+            media_type=a.document.media_type,
+            size=a.document.size,
+            status=a.document.status,
+            duplicate=a.duplicate,
+        )
 
 
 class UploadAccepted(BaseModel):

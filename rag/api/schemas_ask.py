@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag.api.schemas import PassageOut, Request, SearchFilter
+from rag.engine.sequence import Usage
+from rag.retrieve import Passage
 
 # ---------------------------------------------------------------- ask
 
@@ -60,6 +64,18 @@ class UsageOut(BaseModel):
     prompt_tokens: int
     cached_tokens: int
     generated_tokens: int
+
+    @classmethod
+    def of(cls, u: Usage) -> UsageOut:
+        return cls(
+            prompt_tokens=u.prompt_tokens,
+            cached_tokens=u.cached_prompt_tokens,
+            generated_tokens=u.completion_tokens,
+        )
+
+
+def passages_out(passages: Sequence[Passage]) -> list[PassageOut]:
+    return [PassageOut(**asdict(p)) for p in passages]
 
 
 class AskOut(BaseModel):
@@ -136,6 +152,9 @@ class ModelOut(BaseModel):
     owned_by: str
     name: str | None = Field(None, description="the collection's name, for collections")
     kind: Literal["collection", "generator"]
+    collection_id: str | None = Field(
+        None, description="for collections: the id (`model` accepts it as well as `id`)"
+    )
 
 
 class ModelList(BaseModel):

@@ -1,5 +1,11 @@
-"""The system of record: tables, sessions, migrations and the queries the services share."""
+"""The system of record: tables, sessions, migrations, and every query the services run.
+
+One query module per table family (collections, documents, chunks, keys, jobs, change log,
+full text) and one vector codec; nothing outside this package builds SQL.
+"""
+
+from sqlalchemy.exc import IntegrityError
 
 from rag.db.session import Database
 
-__all__ = ["Database"]
+__all__ = ["Database", "IntegrityError"]

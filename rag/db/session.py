@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,6 +40,10 @@ class Database:
             self.engine.execution_options(sqlite_begin="IMMEDIATE"), expire_on_commit=False
         )
 
+    def describe(self) -> str:
+        """The database's URL with any password hidden (for messages)."""
+        return self.url.render_as_string(hide_password=True)
+
     @property
     def dialect(self) -> str:
         return self.url.get_backend_name()
@@ -62,6 +66,11 @@ class Database:
         deadlock of two readers both upgrading to writers."""
         with self._write() as session, session.begin():
             yield session
+
+    def ping(self) -> None:
+        """Raise if the database does not answer."""
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
 
     def dispose(self) -> None:
         self.engine.dispose()

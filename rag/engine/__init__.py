@@ -1,16 +1,15 @@
 """ragserve's generator engine: paged KV cache, continuous batching, prefix caching, streaming.
 
-Importing this package does not import torch; build_engine() loads the model.
+`protocol` is the contract (GenerationBackend, what callers may ask), `build` composes an
+engine from settings; the local engine is sequence -> scheduler -> blocks -> runner -> model,
+driven by `engine.Engine`'s step loop. Importing this package does not import torch;
+build_engine() loads the model.
 """
 
+from rag.engine.build import build_engine
 from rag.engine.config import EngineSettings
-from rag.engine.engine import (
-    Engine,
-    EngineMetrics,
-    GenerationBackend,
-    RequestStream,
-    build_engine,
-)
+from rag.engine.engine import Engine, RequestStream
+from rag.engine.protocol import EngineMetrics, GenerationBackend, Prompt
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -30,6 +29,7 @@ __all__ = [
     "FinishReason",
     "GenerationBackend",
     "InvalidRequest",
+    "Prompt",
     "RequestStream",
     "SamplingParams",
     "TokenEvent",

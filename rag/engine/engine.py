@@ -1,8 +1,8 @@
-"""The engine's front end: asyncio streams in, one step loop in its own thread.
+"""The local engine's front end: asyncio streams in, one step loop in its own thread.
 
 submit() validates and tokenizes in the caller's thread, then hands the sequence to the step
 loop, which runs schedule -> forward -> postprocess and sends token events back to each
-request's asyncio queue. Nothing here imports torch; build_engine() does, lazily.
+request's asyncio queue. Nothing here imports torch: the runner does (rag.engine.build).
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from rag.engine.blocks import BlockManager
-from rag.engine.config import EngineSettings
-from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from rag.engine.protocol import EngineMetrics, Prompt, Runner, Tokenizer
+from rag.engine.scheduler import Scheduler, SchedulerConfig
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -33,64 +31,7 @@ from rag.engine.sequence import (
     Usage,
 )
 
-if TYPE_CHECKING:
-    from rag.engine.remote import RemoteEngine
-
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[dict[str, str]]
-
-
-class Tokenizer(Protocol):
-    def encode_prompt(self, prompt: Prompt) -> list[int]: ...
-    def decode(self, token_ids: Seq[int]) -> str: ...
-
-
-class Runner(Protocol):
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
-
-
-class GenerationBackend(Protocol):
-    """What the rest of ragserve needs from a generator (local engine or remote server)."""
-
-    def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[TokenEvent]: ...
-    def cancel(self, request_id: str) -> None: ...
-    def metrics(self) -> EngineMetrics: ...
-    def close(self) -> None: ...
-
-
-class HFTokenizer:
-    """Adapter over a transformers tokenizer: raw text or chat messages in, ids out."""
-
-    def __init__(self, tokenizer: Any):
-        self.tok = tokenizer
-
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tok(prompt).input_ids)
-        if not self.tok.chat_template:
-            raise InvalidRequest("this model has no chat template; send a plain prompt")
-        text = self.tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return list(self.tok(text, add_special_tokens=False).input_ids)
-
-    def decode(self, token_ids: Seq[int]) -> str:
-        return str(self.tok.decode(list(token_ids), skip_special_tokens=True))
-
-
-@dataclass(frozen=True)
-class EngineMetrics:
-    running: int
-    waiting: int
-    kv_blocks_used: int
-    kv_blocks_free: int
-    kv_blocks_total: int
-    prefix_cache_hit_rate: float
-    preemptions: int
-    steps: int
-    tokens_per_step: float  # mean scheduled tokens per step
-    generated_tokens: int
 
 
 _END = object()
@@ -166,7 +107,17 @@ class Engine:
         self._stopping = False
         self._generated = 0
 
-    # ----- public API
+    # ----- public API (GenerationBackend)
+    @property
+    def context_tokens(self) -> int:
+        return self.max_model_len
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        return len(self.tokenizer.encode_prompt(prompt))
+
+    def has_room(self) -> bool:
+        return self.metrics().waiting < self.max_waiting
+
     def submit(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> RequestStream:
@@ -232,10 +183,6 @@ class Engine:
             self._cv.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-
-    async def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> str:
-        """Convenience: the whole completion as one string."""
-        return "".join([ev.text async for ev in self.submit(prompt, params)])
 
     # ----- step loop (its own thread)
     def _ensure_thread(self) -> None:
@@ -366,14 +313,3 @@ class Engine:
 def _put_all(items: list[tuple[_Request, Any]]) -> None:
     for req, item in items:
         req.stream._queue.put_nowait(item)
-
-
-def build_engine(settings: EngineSettings) -> Engine | RemoteEngine:
-    """The composition root of the generator: a local engine or a remote client."""
-    if settings.backend == "remote":
-        from rag.engine.remote import RemoteEngine
-
-        return RemoteEngine(settings)
-    from rag.engine.runner import build_local_engine
-
-    return build_local_engine(settings)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from rag.engine.config import EngineSettings
-from rag.engine.engine import EngineMetrics, Prompt
+from rag.engine.protocol import EngineMetrics, Prompt, estimate_tokens
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -44,8 +44,6 @@ class RemoteEngine:
         self._in_flight: set[str] = set()
         self._cancelled: set[str] = set()
         self._generated = 0
-        # Context length is the server's business; refuse only what can never be valid.
-        self.max_model_len = 1 << 30
 
     def _client(self) -> httpx.AsyncClient:
         headers = {}
@@ -57,11 +55,23 @@ class RemoteEngine:
             transport=self._transport,
         )
 
+    # ----- GenerationBackend
+    @property
+    def context_tokens(self) -> int | None:
+        return None  # the server's business: it refuses what does not fit
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        return estimate_tokens(prompt)
+
+    def has_room(self) -> bool:
+        with self._lock:
+            return len(self._in_flight) < self.settings.remote_max_concurrency
+
     def submit(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
-        params.validate(self.max_model_len)
+        params.validate(None)
         if not prompt:
             raise InvalidRequest("empty prompt")
         request_id = request_id or uuid.uuid4().hex

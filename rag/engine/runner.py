@@ -1,27 +1,17 @@
-"""Model runner: turns a SchedulerOutput into one forward pass and sampled tokens."""
+"""Model runner: turns a SchedulerOutput into one forward pass and sampled tokens (a
+ModelRunnerOutput). The only module that builds tensors."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from rag.engine.blocks import BlockManager
-from rag.engine.config import EngineSettings
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
 from rag.engine.model import AttentionMetadata, LlamaModel
 from rag.engine.sampler import Sampler
-from rag.engine.scheduler import (
-    ModelRunnerOutput,
-    ScheduledChunk,
-    SchedulerConfig,
-    SchedulerOutput,
-)
-
-if TYPE_CHECKING:
-    from rag.engine.engine import Engine
+from rag.engine.scheduler import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -165,55 +155,3 @@ class ModelRunner:
             decode_context_lens=ctx if decodes else None,
         )
         return t(ids), t(pos), meta, sample_rows
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def build_local_engine(settings: EngineSettings) -> Engine:
-    """Load the model, size the KV cache and wire scheduler, block manager and runner."""
-    from rag.engine.engine import Engine, HFTokenizer
-    from rag.engine.loader import load_model
-
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
-    loaded = load_model(settings.model_path, settings.cache_dir, device, dtype)
-    cfg = loaded.config
-    max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
-    bs = settings.block_size
-    num_blocks = settings.num_kv_blocks or max(
-        2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.model, bs, dtype)
-    )
-    # A lone sequence of max_model_len must always fit, or it could never finish.
-    max_model_len = min(max_model_len, num_blocks * bs - 1)
-    logger.info(
-        "engine: %s %s, %d KV blocks of %d tokens, context %d",
-        device, dtype, num_blocks, bs, max_model_len,
-    )  # fmt: skip
-    runner = ModelRunner(
-        loaded.model,
-        KVCacheSpec(num_blocks, bs),
-        device,
-        attention_kernel=settings.cpu_attention_kernel,
-    )
-    bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
-    sched = SchedulerConfig(
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=max_model_len,
-    )
-    return Engine(
-        runner, HFTokenizer(loaded.tokenizer), sched, bm, loaded.eos_token_ids,
-        settings.max_waiting,
-    )  # fmt: skip

@@ -49,12 +49,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self, max_model_len: int) -> None:
-        """Raise InvalidRequest if these parameters cannot be served."""
+    def validate(self, max_model_len: int | None) -> None:
+        """Raise InvalidRequest if these parameters cannot be served (`max_model_len` None:
+        the context length is not known here)."""
         if self.max_tokens is not None:
             if self.max_tokens <= 0:
                 raise InvalidRequest(f"max_tokens must be > 0, got {self.max_tokens}")
-            if self.max_tokens > max_model_len:
+            if max_model_len is not None and self.max_tokens > max_model_len:
                 raise InvalidRequest(
                     f"max_tokens {self.max_tokens} exceeds the context length {max_model_len}"
                 )

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import Invalid
-from rag.index.base import MAX_K, Hits, SearchParams, VectorIndex, read_meta
+from rag.index.base import Hits, VectorIndex, read_meta
+from rag.knobs import MAX_K, Knobs
 
 __all__ = [
     "KINDS",
     "MAX_K",
     "Hits",
-    "SearchParams",
+    "Knobs",
     "VectorIndex",
     "build_index",
     "default_kind_for",
@@ -45,7 +46,7 @@ def index_class(kind: str) -> type[VectorIndex]:
 
         return HnswIndex
     if kind in ("faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw"):
-        from rag.index import faiss_index as f
+        from rag.index import faiss as f
 
         classes: dict[str, type[VectorIndex]] = {
             "faiss_flat": f.FaissFlatIndex,

@@ -18,32 +18,12 @@ import numpy as np
 import numpy.typing as npt
 
 from rag.errors import Invalid
+from rag.knobs import Knobs
 
 Ids = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 # What a caller may pass as a filter: any collection of labels, or an int array of them.
 Allowed = Collection[int] | npt.NDArray[np.integer[Any]]
-
-# The largest k a single search may ask for; the API documents the same bound.
-MAX_K = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class SearchParams:
-    """Per-query knobs. `None` means the index's own default for that knob."""
-
-    k: int = 10
-    ef_search: int | None = None  # HNSW: candidate list size, at least k
-    nprobe: int | None = None  # IVF: inverted lists scanned
-    exact: bool = False  # brute force over every live vector, whatever the kind
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k <= MAX_K:
-            raise Invalid(f"k must be between 1 and {MAX_K}, got {self.k}")
-        if self.ef_search is not None and self.ef_search < 1:
-            raise Invalid(f"ef_search must be positive, got {self.ef_search}")
-        if self.nprobe is not None and self.nprobe < 1:
-            raise Invalid(f"nprobe must be positive, got {self.nprobe}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +58,7 @@ class VectorIndex(Protocol):
         """Remove labels (unknown ones are ignored); returns how many were live."""
         ...
 
-    def search(
-        self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
-    ) -> list[Hits]:
+    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         """Top-k per query row. `allowed` restricts results inside the search."""
         ...
 

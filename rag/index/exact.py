@@ -13,7 +13,6 @@ from rag.index.base import (
     Hits,
     Ids,
     RWLock,
-    SearchParams,
     Vectors,
     allowed_array,
     as_ids,
@@ -23,6 +22,7 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +94,7 @@ class ExactIndex:
                 removed += 1
         return removed
 
-    def search(
-        self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
-    ) -> list[Hits]:
+    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         with self._lock.read():
             vectors = self._vectors[: self._n]
@@ -104,7 +102,7 @@ class ExactIndex:
             if allowed is not None:
                 mask = np.isin(labels, allowed_array(allowed))
                 vectors, labels = vectors[mask], labels[mask]
-            return brute_force(queries, vectors, labels, params.k)
+            return brute_force(queries, vectors, labels, knobs.top_k)
 
     def save(self, path: Path) -> None:
         with self._lock.read():

@@ -21,7 +21,6 @@ from rag.index.base import (
     Hits,
     Ids,
     RWLock,
-    SearchParams,
     Vectors,
     allowed_array,
     as_ids,
@@ -33,6 +32,7 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
@@ -131,46 +131,44 @@ class HnswIndex:
                 self._matrix = None
         return removed
 
-    def search(
-        self, queries: Vectors, params: SearchParams, allowed: Allowed | None = None
-    ) -> list[Hits]:
+    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
-        ef = max(params.ef_search or self.default_ef_search(), params.k)
-        if allowed is None and not params.exact:
+        ef = max(knobs.ef_search or self.default_ef_search(), knobs.top_k)
+        if allowed is None and not knobs.exact:
             # The common case (no filter, the graph at the current ef) in as few steps as
             # possible: this path is most of a search's time outside hnswlib itself.
             with self._lock.read():
-                if self._ef == ef and params.k < len(self._live):
-                    return self._query(queries, params.k, ef, None)
+                if self._ef == ef and knobs.top_k < len(self._live):
+                    return self._query(queries, knobs.top_k, ef, None)
         labels = None if allowed is None else allowed_array(allowed)
         with self._lock.read():
-            if self._ef == ef or not self._needs_graph(params, labels):
-                return self._search_locked(queries, params, ef, labels)
+            if self._ef == ef or not self._needs_graph(knobs, labels):
+                return self._search_locked(queries, knobs, ef, labels)
         # Another ef than the index's current one: set_ef is index-wide state.
         with self._lock.write():
             self._index.set_ef(ef)
             self._ef = ef
-            return self._search_locked(queries, params, ef, labels)
+            return self._search_locked(queries, knobs, ef, labels)
 
-    def _needs_graph(self, params: SearchParams, labels: Ids | None) -> bool:
-        if params.exact:
+    def _needs_graph(self, knobs: Knobs, labels: Ids | None) -> bool:
+        if knobs.exact:
             return False
         limit = len(self._live) if labels is None else len(labels)
-        return params.k < limit and (labels is None or limit > self.brute_force_max)
+        return knobs.top_k < limit and (labels is None or limit > self.brute_force_max)
 
     def _search_locked(
-        self, queries: Vectors, params: SearchParams, ef: int, labels: Ids | None
+        self, queries: Vectors, knobs: Knobs, ef: int, labels: Ids | None
     ) -> list[Hits]:
-        if params.exact:
-            return self._brute_force(queries, None, params.k)
+        if knobs.exact:
+            return self._brute_force(queries, None, knobs.top_k)
         allowed_set: set[int] | None = None
         limit = len(self._live)
         if labels is not None:
             allowed_set = {x for x in labels.tolist() if x in self._live}
             limit = len(allowed_set)
             if limit <= self.brute_force_max:
-                return self._brute_force(queries, allowed_set, params.k)
-        k = min(params.k, limit)
+                return self._brute_force(queries, allowed_set, knobs.top_k)
+        k = min(knobs.top_k, limit)
         if k == 0:
             return [Hits() for _ in range(len(queries))]
         if k >= limit:

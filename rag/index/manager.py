@@ -12,77 +12,23 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from sqlalchemy import bindparam, func, select
-from sqlalchemy.orm import Session
-
-from rag.db.models import ChangeLog, Chunk, Collection, Document
-from rag.db.session import Database
-from rag.errors import Invalid, NotFound
-from rag.index import EXACT_MAX, build_index, default_kind_for
-from rag.index.base import Allowed, Hits, Ids, SearchParams, VectorIndex, Vectors
+from rag.db import Database
+from rag.index import build_index
+from rag.index.base import Allowed, VectorIndex, Vectors
+from rag.index.live import IndexState, Live, SearchOutcome
+from rag.index.maintenance import Maintainer
 from rag.index.snapshot import Manifest, SnapshotStore
+from rag.index.sync import Spec, SqlSource
+from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
-_CHANGES_AFTER = (
-    select(ChangeLog.seq, ChangeLog.op, ChangeLog.chunk_id)
-    .where(ChangeLog.collection_id == bindparam("cid"), ChangeLog.seq > bindparam("mark"))
-    .order_by(ChangeLog.seq)
-    .limit(bindparam("n"))
-)
-
-_BUILD_BATCH = 5000
-# How often the background loop re-reads a collection's declared kind (seconds).
-SPEC_CHECK_S = 5.0
-
-
-@dataclass(frozen=True)
-class IndexState:
-    collection_id: str
-    kind: str
-    count: int
-    watermark: int  # the last change-log seq applied
-    generation: int | None  # the snapshot generation it started from, if any
-    building: bool  # a rebuild is running in the background
-    stale: bool  # the last catch-up did not finish: results may miss recent changes
-
-
-@dataclass(frozen=True)
-class SearchOutcome:
-    hits: list[Hits]
-    state: IndexState
-
-
-@dataclass
-class _Live:
-    collection_id: str
-    index: VectorIndex
-    watermark: int
-    auto: bool  # kind follows the collection's size
-    generation: int | None = None
-    changes_since_snapshot: int = 0
-    building: bool = False
-    stale: bool = False
-    spec_checked_at: float = 0.0
-
-    def __post_init__(self) -> None:
-        # Held while changes are applied, snapshots written and rebuilds swapped in.
-        self.lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class _Spec:
-    kind: str
-    params: dict[str, Any]
-    auto: bool
+__all__ = ["IndexManager", "IndexState", "SearchOutcome"]
 
 
 class IndexManager:
@@ -103,16 +49,23 @@ class IndexManager:
         self.embedding_model_id = embedding_model_id
         self.dim = dim
         self.catch_up_wait_s = catch_up_wait_s
-        self.catch_up_batch = catch_up_batch
         self.snapshot_every = snapshot_every
         self.keep_generations = keep_generations
-        self._lives: dict[str, _Live] = {}
+        self.source = SqlSource(db, embedding_model_id, dim, catch_up_batch)
+        self._lives: dict[str, Live] = {}
         self._open_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._builds: dict[str, Future[IndexState]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index-build")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._maintainer: Maintainer | None = None
+
+    @property
+    def catch_up_batch(self) -> int:
+        return self.source.catch_up_batch
+
+    @catch_up_batch.setter
+    def catch_up_batch(self, n: int) -> None:
+        self.source.catch_up_batch = n
 
     # ------------------------------------------------------------------------ public API
 
@@ -121,20 +74,20 @@ class IndexManager:
         return self._live(collection_id).index
 
     def state(self, collection_id: str) -> IndexState:
-        return self._state(self._live(collection_id))
+        return self._live(collection_id).state()
 
     def search(
         self,
         collection_id: str,
         queries: Vectors,
-        params: SearchParams | None = None,
+        knobs: Knobs | None = None,
         allowed_ids: Allowed | None = None,
     ) -> SearchOutcome:
         live = self._live(collection_id)
         self.catch_up(collection_id, wait_s=self.catch_up_wait_s)
         index = live.index  # one whole index for this search, even if a rebuild swaps now
-        hits = index.search(queries, params or SearchParams(), allowed_ids)
-        return SearchOutcome(hits, self._state(live))
+        hits = index.search(queries, knobs or Knobs(), allowed_ids)
+        return SearchOutcome(hits, live.state())
 
     def catch_up(self, collection_id: str, *, wait_s: float | None = None) -> int:
         """Apply change-log rows past the watermark; returns how many were applied.
@@ -146,7 +99,7 @@ class IndexManager:
             live.stale = True
             return 0
         try:
-            applied = self._apply_changes(collection_id, live.index, live.watermark)
+            applied = self.source.apply_changes(collection_id, live.index, live.watermark)
         except Exception:
             live.stale = True
             log.exception("index catch-up failed for collection %s", collection_id)
@@ -166,7 +119,9 @@ class IndexManager:
         """Write the live index as a new generation (after catching up)."""
         live = self._live(collection_id)
         with live.lock:
-            count, live.watermark = self._apply_changes(collection_id, live.index, live.watermark)
+            count, live.watermark = self.source.apply_changes(
+                collection_id, live.index, live.watermark
+            )
             manifest = self._store(collection_id).write(
                 live.index, embedding_model=self.embedding_model_id, watermark=live.watermark
             )
@@ -205,27 +160,26 @@ class IndexManager:
         with self._lock:
             return list(self._lives)
 
+    def lives(self) -> Iterable[tuple[str, Live]]:
+        with self._lock:
+            return list(self._lives.items())
+
     def forget(self, collection_id: str) -> None:
         """Drop the in-memory index (a deleted collection); snapshots stay until pruned."""
         with self._lock:
             self._lives.pop(collection_id, None)
 
     def start(self, interval_s: float = 0.5) -> None:
-        """Catch up every open collection in the background, snapshot after many changes,
-        and rebuild when the index outgrows its kind or collects too many tombstones."""
-        if self._thread is not None:
+        """Maintain every open collection in the background (rag.index.maintenance)."""
+        if self._maintainer is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(interval_s,), name="index-catch-up", daemon=True
-        )
-        self._thread.start()
+        self._maintainer = Maintainer(self, self.source, interval_s)
+        self._maintainer.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._maintainer is not None:
+            self._maintainer.close()
+            self._maintainer = None
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     # -------------------------------------------------------------------------- opening
@@ -233,7 +187,7 @@ class IndexManager:
     def _store(self, collection_id: str) -> SnapshotStore:
         return SnapshotStore(self.data_dir, collection_id, keep=self.keep_generations)
 
-    def _live(self, collection_id: str) -> _Live:
+    def _live(self, collection_id: str) -> Live:
         live = self._lives.get(collection_id)
         if live is not None:
             return live
@@ -247,31 +201,12 @@ class IndexManager:
                     self._lives[collection_id] = live
         return live
 
-    def _spec(self, session: Session, collection_id: str) -> _Spec:
-        collection = session.get(Collection, collection_id)
-        if collection is None or collection.deleted_at is not None:
-            raise NotFound(f"collection {collection_id} not found")
-        if (
-            collection.embedding_model != self.embedding_model_id
-            or collection.embedding_dim != self.dim
-        ):
-            raise Invalid(
-                f"collection {collection_id} uses {collection.embedding_model} "
-                f"({collection.embedding_dim}-d); this index serves {self.embedding_model_id} "
-                f"({self.dim}-d)"
-            )
-        kind = collection.index_kind or "auto"
-        if kind == "auto":
-            return _Spec(default_kind_for(self._count(session, collection_id)), {}, True)
-        return _Spec(kind, dict(collection.index_params or {}), False)
-
-    def _open(self, collection_id: str) -> _Live:
-        with self.db.read() as session:
-            spec = self._spec(session, collection_id)
+    def _open(self, collection_id: str) -> Live:
+        spec = self.source.spec(collection_id)
         store = self._store(collection_id)
         loaded = store.load_latest(embedding_model=self.embedding_model_id, dim=self.dim)
         if loaded is not None:
-            live = _Live(
+            live = Live(
                 collection_id,
                 loaded.index,
                 loaded.manifest.watermark,
@@ -289,144 +224,38 @@ class IndexManager:
         else:
             if store.generations():
                 log.warning("index %s: no snapshot usable; rebuilding from SQL", collection_id)
-            index, watermark = self._build_from_sql(collection_id, spec.kind, spec.params)
+            index, watermark = self.source.build(collection_id, spec.kind, spec.params)
             # No generation on disk yet: the background loop writes one.
-            live = _Live(collection_id, index, watermark, auto=spec.auto)
+            live = Live(collection_id, index, watermark, auto=spec.auto)
             live.changes_since_snapshot = max(len(index), 1)
         with live.lock:
-            count, live.watermark = self._apply_changes(collection_id, live.index, live.watermark)
+            count, live.watermark = self.source.apply_changes(
+                collection_id, live.index, live.watermark
+            )
             live.changes_since_snapshot += count
         return live
-
-    # ------------------------------------------------------------------------ SQL → index
-
-    def _count(self, session: Session, collection_id: str) -> int:
-        return int(
-            session.scalar(select(func.count(Chunk.id)).where(Chunk.collection_id == collection_id))
-            or 0
-        )
-
-    def _build_from_sql(
-        self, collection_id: str, kind: str, params: dict[str, Any]
-    ) -> tuple[VectorIndex, int]:
-        index = build_index(kind, self.dim, params)
-        # The watermark is read first: anything committed after it is replayed by catch-up,
-        # and replaying a change the rows already reflect is harmless (add replaces).
-        with self.db.read() as session:
-            watermark = self._head(session, collection_id)
-        with self.db.read() as session:
-            query = (
-                self._live_chunks(select(Chunk.id, Chunk.embedding))
-                .where(Chunk.collection_id == collection_id)
-                .order_by(Chunk.id)
-                .execution_options(yield_per=_BUILD_BATCH)
-            )
-            for batch in _batched(session.execute(query), _BUILD_BATCH):
-                ids, vectors = self._decode(batch)
-                index.add(ids, vectors)
-        log.info(
-            "index %s built from SQL: %s, %d vectors, watermark %d",
-            collection_id,
-            kind,
-            len(index),
-            watermark,
-        )
-        return index, watermark
-
-    def _head(self, session: Session, collection_id: str) -> int:
-        head = session.scalar(
-            select(func.max(ChangeLog.seq)).where(ChangeLog.collection_id == collection_id)
-        )
-        return int(head or 0)
-
-    def _live_chunks(self, query: Any) -> Any:
-        """Chunks whose document is not tombstoned, embedded with this index's model."""
-        return query.join(Document, Document.id == Chunk.document_id).where(
-            Document.deleted_at.is_(None), Chunk.embedding_model == self.embedding_model_id
-        )
-
-    def _decode(self, rows: Iterable[Any]) -> tuple[Ids, Vectors]:
-        ids: list[int] = []
-        vectors: list[np.ndarray[Any, Any]] = []
-        for chunk_id, blob in rows:
-            vector = np.frombuffer(blob, dtype="<f4")
-            if vector.shape[0] != self.dim:
-                log.warning("chunk %d has a %d-d embedding; skipped", chunk_id, vector.shape[0])
-                continue
-            ids.append(int(chunk_id))
-            vectors.append(vector)
-        if not ids:
-            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
-        return np.array(ids, dtype=np.int64), np.vstack(vectors).astype(np.float32)
-
-    def _apply_changes(
-        self, collection_id: str, index: VectorIndex, watermark: int
-    ) -> tuple[int, int]:
-        """Apply change-log rows after `watermark` to `index`; returns (rows, new watermark).
-        The caller holds the collection's lock."""
-        applied = 0
-        while True:
-            # The probe runs before every search: a prebuilt statement on a bare connection
-            # costs a fraction of an ORM session's round trip when (as usual) nothing is new.
-            with self.db.connect() as conn:
-                rows = conn.execute(
-                    _CHANGES_AFTER,
-                    {"cid": collection_id, "mark": watermark, "n": self.catch_up_batch},
-                ).all()
-            if not rows:
-                return applied, watermark
-            with self.db.read() as session:
-                # Only the last change to a chunk matters within a batch.
-                final: dict[int, str] = {}
-                for _seq, op, chunk_id in rows:
-                    final[int(chunk_id)] = op
-                wanted = [c for c, op in final.items() if op == "add"]
-                found: tuple[Ids, Vectors] = (
-                    np.zeros(0, np.int64),
-                    np.zeros((0, self.dim), np.float32),
-                )
-                if wanted:
-                    found = self._decode(
-                        session.execute(
-                            self._live_chunks(select(Chunk.id, Chunk.embedding)).where(
-                                Chunk.id.in_(wanted), Chunk.collection_id == collection_id
-                            )
-                        )
-                    )
-            ids, vectors = found
-            present = set(ids.tolist())
-            # An add whose chunk is gone or whose document is tombstoned is a remove.
-            gone = [c for c, op in final.items() if op != "add" or c not in present]
-            if gone:
-                index.remove(np.array(gone, dtype=np.int64))
-            if len(ids):
-                index.add(ids, vectors)
-            applied += len(rows)
-            watermark = int(rows[-1][0])
-            if len(rows) < self.catch_up_batch:
-                return applied, watermark
 
     # ------------------------------------------------------------------------ rebuilding
 
     def _rebuild(
         self,
         collection_id: str,
-        live: _Live,
+        live: Live,
         kind: str | None,
         params: dict[str, Any] | None,
         snapshot: bool,
     ) -> IndexState:
         try:
-            if kind is None:
-                with self.db.read() as session:
-                    spec = self._spec(session, collection_id)
-            else:
-                spec = _Spec(kind, dict(params or {}), False)
-            index, watermark = self._build_from_sql(collection_id, spec.kind, spec.params)
+            spec = (
+                self.source.spec(collection_id)
+                if kind is None
+                else Spec(kind, dict(params or {}), False)
+            )
+            index, watermark = self.source.build(collection_id, spec.kind, spec.params)
             # Catch the new index up outside the lock, then the last few rows inside it.
-            _, watermark = self._apply_changes(collection_id, index, watermark)
+            _, watermark = self.source.apply_changes(collection_id, index, watermark)
             with live.lock:
-                _, watermark = self._apply_changes(collection_id, index, watermark)
+                _, watermark = self.source.apply_changes(collection_id, index, watermark)
                 live.index, live.watermark, live.auto = index, watermark, spec.auto
                 live.generation = None
                 live.changes_since_snapshot = max(len(index), 1)
@@ -439,75 +268,4 @@ class IndexManager:
             live.building = False
         if snapshot:
             self.snapshot(collection_id)
-        return self._state(live)
-
-    def _declared_elsewhere(self, collection_id: str, live: _Live) -> bool:
-        """True when the collection row now declares another kind or parameters than the
-        live index has (`rag index rebuild` in another process, or another replica): every
-        replica then rebuilds from SQL into what the row says."""
-        now = time.monotonic()
-        if now - live.spec_checked_at < SPEC_CHECK_S:
-            return False
-        live.spec_checked_at = now
-        with self.db.read() as session:
-            spec = self._spec(session, collection_id)
-        if spec.auto:
-            return not live.auto
-        current = {k: v for k, v in live.index.params.items() if k in spec.params}
-        return spec.kind != live.index.kind or current != spec.params
-
-    def _maintain(self, collection_id: str, live: _Live) -> None:
-        if live.lock.locked():  # a search or snapshot is applying changes right now
-            return
-        self.catch_up(collection_id, wait_s=0)
-        index = live.index
-        n = len(index)
-        if not live.building and self._declared_elsewhere(collection_id, live):
-            log.info("index %s: the collection declares another kind; rebuilding", collection_id)
-            self.rebuild(collection_id)
-            return
-        outgrown = live.auto and index.kind != default_kind_for(n) and n >= EXACT_MAX
-        retrain = bool(getattr(index, "needs_retrain", False))
-        tombstones = int(getattr(index, "deleted_count", 0))
-        if not live.building and (outgrown or retrain or tombstones > max(1000, n)):
-            log.info(
-                "index %s: rebuilding (outgrown=%s retrain=%s tombstones=%d)",
-                collection_id,
-                outgrown,
-                retrain,
-                tombstones,
-            )
-            self.rebuild(collection_id)
-        elif not live.building and live.changes_since_snapshot >= min(self.snapshot_every, n or 1):
-            self.snapshot(collection_id)
-
-    def _run(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            for collection_id, live in list(self._lives.items()):
-                try:
-                    self._maintain(collection_id, live)
-                except Exception:
-                    log.exception("index maintenance failed for collection %s", collection_id)
-
-    def _state(self, live: _Live) -> IndexState:
-        index = live.index
-        return IndexState(
-            collection_id=live.collection_id,
-            kind=index.kind,
-            count=len(index),
-            watermark=live.watermark,
-            generation=live.generation,
-            building=live.building,
-            stale=live.stale,
-        )
-
-
-def _batched(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+        return live.state()

@@ -215,7 +215,7 @@ def test_collection_search_defaults_and_rebuild_into_another_kind(sqlite_api: Ap
 def test_keyword_side_ignores_stopwords(api: Api) -> None:
     """A question's filler words ("when", "the", "is") match nearly every passage; only the
     words that say what is meant reach the full-text engine."""
-    from rag.fulltext import keyword_search, terms
+    from rag.db.fulltext import keyword_search, terms
 
     assert terms("When is the Ferry to the island?") == ["ferry", "island"]
     assert terms("to be or not to be") == ["to", "be", "or", "not"]  # nothing else to go on

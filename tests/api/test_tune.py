@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rag import tune
+from rag.ops import tune
 from rag.db.models import Collection
 from tests.conftest import Api
 

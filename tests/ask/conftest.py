@@ -17,9 +17,10 @@ from rag.api.app import create_app
 from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
 from rag.services import build_services
 from tests.conftest import Api, LiveServer, make_settings
+from tests.support.fakes import BackendBasics
 
 
-class FakeEngine:
+class FakeEngine(BackendBasics):
     """Streams `answer` in small pieces; records prompts, params and cancellations."""
 
     def __init__(

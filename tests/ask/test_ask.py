@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rag.answer import NOT_FOUND, NOTHING_INDEXED
-from rag.db import repo
-from rag.prompt import SYSTEM
+from rag.answer.prompt import SYSTEM
+from rag.db import chunks, documents
 from tests.ask.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
@@ -89,7 +89,7 @@ def test_a_document_deleted_before_citation_is_not_cited(
     def delete_first_passage(messages: Any) -> None:
         # Runs after retrieval, before the answer is written: the worst moment for a delete.
         with api.services.db.write() as session:
-            repo.delete_document(session, victim["tenant"], victim["doc"])
+            documents.delete(session, victim["tenant"], victim["doc"])
 
     engine = FakeEngine(answer="Nine [1] and sixteen [2].", on_submit=delete_first_passage)
     api = _api(make_api, db_url, hash_embedder, engine)
@@ -141,10 +141,10 @@ def test_cross_tenant_questions_never_see_or_cite_the_other_tenant(
 
     tenant_a = _tenant_of(api, cid_a)
     with api.services.db.read() as session:
-        chunk = repo.list_chunks(session, tenant_a, docs_a[0], limit=1, offset=0)[0]
+        chunk = chunks.list_page(session, tenant_a, docs_a[0], limit=1, offset=0)[0]
     foreign = Passage(chunk.id, docs_a[0], "doc0.txt", 0, chunk.text, 0, 10, 1.0, 1.0, None, {})
-    assert cite(api.services, _tenant_of(api, cid_b), cid_b, [foreign], "see [1]") == []
-    assert cite(api.services, _tenant_of(api, cid_a), cid_a, [foreign], "see [1]")
+    assert cite(api.services.db, _tenant_of(api, cid_b), cid_b, [foreign], "see [1]") == []
+    assert cite(api.services.db, _tenant_of(api, cid_a), cid_a, [foreign], "see [1]")
 
 
 def test_queue_full_is_429_before_any_retrieval(

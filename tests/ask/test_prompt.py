@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rag.answer import markers
-from rag.prompt import SYSTEM, build, estimate_tokens, messages_for, neutralise
+from rag.answer.prompt import SYSTEM, build, estimate_tokens, messages_for, neutralise
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from rag.embed import HashEmbedder
 from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
 from rag.services import Services, build_services
 from tests.conftest import LiveServer
+from tests.support.fakes import BackendBasics
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -51,7 +52,7 @@ def _browser_or_skip() -> None:
     pytest.skip(reason)
 
 
-class FakeEngine:
+class FakeEngine(BackendBasics):
     """A generator that streams a canned answer word by word, and records what it was asked."""
 
     def __init__(self, answer: str, delay_s: float = 0.03) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rag.embed import Embedder
-from rag.tune import tune
+from rag.ops.tune import tune
 from tests.conftest import Api
 from tests.console.conftest import Console, Hold
 

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from rag.errors import Invalid
-from rag.index import KINDS, Hits, SearchParams, VectorIndex, build_index, load_index
+from rag.index import KINDS, Hits, Knobs, VectorIndex, build_index, load_index
 from rag.index.exact import ExactIndex
 
 DIM = 384
@@ -59,7 +59,7 @@ def test_protocol(kind: str) -> None:
 def test_empty_index(kind: str) -> None:
     index = build_index(kind, DIM)
     queries = unit(np.random.default_rng(0), 3)
-    hits = index.search(queries, SearchParams(k=10))
+    hits = index.search(queries, Knobs(k=10))
     assert [len(h) for h in hits] == [0, 0, 0]
     assert len(index) == 0
     assert index.remove(np.array([1, 2], dtype=np.int64)) == 0
@@ -71,7 +71,7 @@ def test_k_larger_than_count(kind: str) -> None:
     ids = np.array([10, 20, 30, 40, 50], dtype=np.int64)
     index = build_index(kind, DIM)
     index.add(ids, vectors)
-    hits = index.search(vectors, SearchParams(k=50))
+    hits = index.search(vectors, Knobs(k=50))
     assert_well_formed(hits, 5, 50)
     for row, h in enumerate(hits):
         assert sorted(h.ids.tolist()) == ids.tolist()
@@ -90,7 +90,7 @@ def test_search_after_delete(kind: str, minilm) -> None:
     assert set(index.ids().tolist()) == set(ids.tolist()) - set(gone.tolist())
     # Query with the deleted vectors themselves: the best match would be the deleted label.
     gone_set = set(gone.tolist())
-    for params in (SearchParams(k=10), SearchParams(k=10, exact=True), SearchParams(k=1000)):
+    for params in (Knobs(k=10), Knobs(k=10, exact=True), Knobs(k=1000)):
         hits = index.search(vectors[::4][:50], params)
         assert_well_formed(hits, 50, params.k)
         for h in hits:
@@ -99,7 +99,7 @@ def test_search_after_delete(kind: str, minilm) -> None:
     keep = np.setdiff1d(ids, gone)
     index.remove(keep)
     assert len(index) == 0
-    assert all(len(h) == 0 for h in index.search(vectors[:3], SearchParams(k=5)))
+    assert all(len(h) == 0 for h in index.search(vectors[:3], Knobs(k=5)))
 
 
 def test_readd_replaces(kind: str) -> None:
@@ -111,18 +111,18 @@ def test_readd_replaces(kind: str) -> None:
     replacement = unit(rng, 1)
     index.add(np.array([7], dtype=np.int64), replacement)
     assert len(index) == 300
-    best = index.search(replacement, SearchParams(k=1))[0]
+    best = index.search(replacement, Knobs(k=1))[0]
     assert best.ids.tolist() == [7] and best.scores[0] == pytest.approx(1.0, abs=1e-4)
-    old = index.search(vectors[7:8], SearchParams(k=300))[0]
+    old = index.search(vectors[7:8], Knobs(k=300))[0]
     assert dict(old)[7] == pytest.approx(float(vectors[7] @ replacement[0]), abs=1e-4)
     # Removed, then added again: live once more.
     index.remove(np.array([8], dtype=np.int64))
     index.add(np.array([8], dtype=np.int64), vectors[8:9])
     assert len(index) == 300
-    assert index.search(vectors[8:9], SearchParams(k=1))[0].ids.tolist() == [8]
+    assert index.search(vectors[8:9], Knobs(k=1))[0].ids.tolist() == [8]
     # A label twice in one batch keeps its last vector.
     index.add(np.array([9, 9], dtype=np.int64), np.vstack([vectors[1], replacement[0]]))
-    assert index.search(replacement, SearchParams(k=2))[0].ids.tolist() in ([7, 9], [9, 7])
+    assert index.search(replacement, Knobs(k=2))[0].ids.tolist() in ([7, 9], [9, 7])
 
 
 def test_save_load_round_trip(kind: str, minilm, tmp_path: Path) -> None:
@@ -131,14 +131,14 @@ def test_save_load_round_trip(kind: str, minilm, tmp_path: Path) -> None:
     index.add(ids, vectors)
     index.remove(ids[5:50])
     index.add(ids[:3], vectors[10:13])  # replaced vectors must survive the trip
-    before = index.search(minilm.queries, SearchParams(k=10))
+    before = index.search(minilm.queries, Knobs(k=10))
     (tmp_path / "idx").mkdir()
     index.save(tmp_path / "idx")
     loaded = load_index(tmp_path / "idx")
     assert type(loaded) is type(index) and loaded.params == index.params
     assert len(loaded) == len(index)
     assert set(loaded.ids().tolist()) == set(index.ids().tolist())
-    after = loaded.search(minilm.queries, SearchParams(k=10))
+    after = loaded.search(minilm.queries, Knobs(k=10))
     for a, b in zip(before, after, strict=True):
         assert a.ids.tolist() == b.ids.tolist()
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
@@ -146,7 +146,7 @@ def test_save_load_round_trip(kind: str, minilm, tmp_path: Path) -> None:
     loaded.remove(ids[:1])
     loaded.add(ids[5:6], vectors[5:6])
     assert len(loaded) == len(index)
-    assert loaded.search(vectors[5:6], SearchParams(k=1))[0].ids.tolist() == [ids[5]]
+    assert loaded.search(vectors[5:6], Knobs(k=1))[0].ids.tolist() == [ids[5]]
 
 
 @pytest.mark.parametrize("path", ["in-search", "brute-force"])
@@ -159,8 +159,8 @@ def test_filter_inside_search(kind: str, path: str, minilm) -> None:
         index.brute_force_max = 0
     allowed = ids[::3]
     allowed_set = set(allowed.tolist())
-    truth = oracle(allowed, vectors[::3]).search(minilm.queries, SearchParams(k=10))
-    hits = index.search(minilm.queries, SearchParams(k=10), allowed=allowed_set)
+    truth = oracle(allowed, vectors[::3]).search(minilm.queries, Knobs(k=10))
+    hits = index.search(minilm.queries, Knobs(k=10), allowed=allowed_set)
     assert_well_formed(hits, len(minilm.queries), 10)
     for h in hits:
         assert set(h.ids.tolist()) <= allowed_set
@@ -168,9 +168,9 @@ def test_filter_inside_search(kind: str, path: str, minilm) -> None:
     assert recall(hits, truth, 10) >= 0.95
     # A tiny filter with an id that does not exist: exactly what is there.
     few = np.array([ids[0], ids[1], ids[2], 999], dtype=np.int64)
-    for h in index.search(minilm.queries[:5], SearchParams(k=10), allowed=few):
+    for h in index.search(minilm.queries[:5], Knobs(k=10), allowed=few):
         assert sorted(h.ids.tolist()) == sorted(ids[:3].tolist())
-    assert all(len(h) == 0 for h in index.search(minilm.queries[:2], SearchParams(), allowed=[]))
+    assert all(len(h) == 0 for h in index.search(minilm.queries[:2], Knobs(), allowed=[]))
 
 
 def test_recall_at_10_default_knobs(kind: str, minilm) -> None:
@@ -179,11 +179,11 @@ def test_recall_at_10_default_knobs(kind: str, minilm) -> None:
     index.add(ids, vectors)
     if kind.startswith("faiss_ivf"):
         assert index.is_trained  # type: ignore[attr-defined]
-    truth = oracle(ids, vectors).search(minilm.queries, SearchParams(k=10))
-    hits = index.search(minilm.queries, SearchParams(k=10))
+    truth = oracle(ids, vectors).search(minilm.queries, Knobs(k=10))
+    hits = index.search(minilm.queries, Knobs(k=10))
     assert_well_formed(hits, len(minilm.queries), 10)
     assert recall(hits, truth, 10) >= 0.95
-    exact = index.search(minilm.queries, SearchParams(k=10, exact=True))
+    exact = index.search(minilm.queries, Knobs(k=10, exact=True))
     assert recall(exact, truth, 10) >= (0.99 if kind != "faiss_ivf_sq8" else 0.97)
 
 
@@ -215,10 +215,10 @@ def test_concurrent_add_and_search(kind: str) -> None:
         try:
             while not done.is_set():
                 rows = local.integers(0, 1500, size=4)
-                for h in index.search(vectors[rows], SearchParams(k=20)):
+                for h in index.search(vectors[rows], Knobs(k=20)):
                     leaked.extend(set(h.ids.tolist()) & deleted_set)
                 allowed = ids[local.integers(0, 3000, size=50)]
-                for h in index.search(vectors[rows], SearchParams(k=5), allowed=allowed):
+                for h in index.search(vectors[rows], Knobs(k=5), allowed=allowed):
                     leaked.extend(set(h.ids.tolist()) & deleted_set)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -242,9 +242,9 @@ def test_bad_input(kind: str) -> None:
     with pytest.raises(Invalid):
         index.add(np.array([1, 2], dtype=np.int64), np.zeros((1, DIM), np.float32))
     with pytest.raises(Invalid):
-        index.search(np.zeros((1, 3), np.float32), SearchParams())
+        index.search(np.zeros((1, 3), np.float32), Knobs())
     with pytest.raises(Invalid):
-        SearchParams(k=0)
+        Knobs(k=0)
     with pytest.raises(Invalid):
         build_index(kind, DIM, {"no_such_knob": 1})
 
@@ -253,11 +253,11 @@ def test_knobs_trade_recall(kind: str, minilm) -> None:
     ids, vectors = minilm.ids, minilm.corpus
     index = build_index(kind, DIM)
     index.add(ids, vectors)
-    truth = oracle(ids, vectors).search(minilm.queries, SearchParams(k=10))
+    truth = oracle(ids, vectors).search(minilm.queries, Knobs(k=10))
     if kind.startswith("faiss_ivf"):
-        low, high = SearchParams(k=10, nprobe=1), SearchParams(k=10, nprobe=10_000)
+        low, high = Knobs(k=10, nprobe=1), Knobs(k=10, nprobe=10_000)
     elif kind in ("hnsw", "faiss_hnsw"):
-        low, high = SearchParams(k=10, ef_search=10), SearchParams(k=10, ef_search=400)
+        low, high = Knobs(k=10, ef_search=10), Knobs(k=10, ef_search=400)
     else:
         pytest.skip("exact kinds have no recall knob")
     r_low = recall(index.search(minilm.queries, low), truth, 10)

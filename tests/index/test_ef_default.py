@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.index import SearchParams, build_index
+from rag.index import Knobs, build_index
 from rag.index.base import auto_ef_search
 
 
@@ -45,5 +45,5 @@ def test_default_follows_the_size_and_an_explicit_one_survives_a_round_trip(
     reloaded = type(auto).load(tmp_path / "auto")
     assert reloaded.params["ef_search"] is None and reloaded.default_ef_search() == 128
     # Searches without an ef use the default; a query's own vector comes back first.
-    hits = reloaded.search(vectors[:3], SearchParams(k=5))
+    hits = reloaded.search(vectors[:3], Knobs(k=5))
     assert [int(h.ids[0]) for h in hits] == [0, 1, 2]

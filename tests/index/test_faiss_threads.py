@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 import pytest
 
-from rag.index import SearchParams, build_index
+from rag.index import Knobs, build_index
 
 
 @pytest.mark.parametrize("kind", ["faiss_flat", "faiss_hnsw", "faiss_ivf"])
@@ -34,12 +34,12 @@ def test_few_queries_run_without_an_openmp_team(kind: str, monkeypatch: pytest.M
     def run() -> None:
         real_set(2)  # this thread's own setting, as a build would want it
         monkeypatch.setattr(faiss, "omp_set_num_threads", recording_set)
-        one = index.search(vectors[:1], SearchParams(k=5))
+        one = index.search(vectors[:1], Knobs(k=5))
         assert int(one[0].ids[0]) == 0
         assert seen == [1, 2]  # one thread for the search, then the caller's count again
         assert faiss.omp_get_max_threads() == 2
         seen.clear()
-        many = index.search(vectors[:64], SearchParams(k=5))
+        many = index.search(vectors[:64], Knobs(k=5))
         assert len(many) == 64 and seen == []  # a batch keeps its team
 
     errors: list[BaseException] = []

@@ -15,7 +15,7 @@ from sqlalchemy import update
 from rag.db.models import Chunk, Collection
 from rag.db.session import Database
 from rag.errors import Invalid, NotFound
-from rag.index import SearchParams
+from rag.index import Knobs
 from rag.index.manager import IndexManager
 from rag.index.snapshot import SnapshotStore
 
@@ -33,7 +33,7 @@ def manager(db: Database, tmp_path: Path):
 
 
 def top1(manager: IndexManager, collection_id: str, vectors: np.ndarray) -> list[int]:
-    outcome = manager.search(collection_id, vectors, SearchParams(k=1))
+    outcome = manager.search(collection_id, vectors, Knobs(k=1))
     return [int(h.ids[0]) if len(h) else -1 for h in outcome.hits]
 
 
@@ -55,7 +55,7 @@ def test_builds_from_sql_then_catches_up(manager: IndexManager, seeder: Seeder) 
     assert top1(manager, cid, vec3) == ids3
     # A deleted document is gone from the next search.
     seeder.delete_document(doc2)
-    hits = manager.search(cid, vec2, SearchParams(k=50)).hits
+    hits = manager.search(cid, vec2, Knobs(k=50)).hits
     assert all(not set(h.ids.tolist()) & set(ids2) for h in hits)
     state = manager.state(cid)
     assert state.count == 30 and not state.stale
@@ -232,7 +232,7 @@ def test_rebuild_swaps_kind_atomically_under_search(manager: IndexManager, seede
     def searcher() -> None:
         try:
             while not stop.is_set():
-                hits = manager.search(cid, vectors[:3], SearchParams(k=5)).hits
+                hits = manager.search(cid, vectors[:3], Knobs(k=5)).hits
                 counts.append(min(len(h) for h in hits))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -277,7 +277,7 @@ def test_replicas_follow_the_kind_the_collection_declares(
 ) -> None:
     """`rag index rebuild --kind` in one process (or another replica) changes the row; every
     other replica notices and rebuilds itself from SQL."""
-    import rag.index.manager as manager_module
+    import rag.index.maintenance as manager_module
 
     monkeypatch.setattr(manager_module, "SPEC_CHECK_S", 0.0)
     cid = seeder.collection()
@@ -330,7 +330,7 @@ def test_deleted_documents_never_returned_under_concurrent_search(
             while not stop.is_set():
                 with deleted_lock:
                     gone_before = set(deleted)  # committed before this search began
-                for h in manager.search(cid, probe, SearchParams(k=10)).hits:
+                for h in manager.search(cid, probe, Knobs(k=10)).hits:
                     leaked.extend(gone_before & set(h.ids.tolist()))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -357,7 +357,7 @@ def test_search_filter_and_state(manager: IndexManager, seeder: Seeder) -> None:
     cid = seeder.collection(kind="hnsw")
     _, ids1, vec1 = seeder.document(cid, 10)
     _, ids2, _ = seeder.document(cid, 10)
-    outcome = manager.search(cid, vec1[:2], SearchParams(k=5), allowed_ids=ids2)
+    outcome = manager.search(cid, vec1[:2], Knobs(k=5), allowed_ids=ids2)
     assert all(set(h.ids.tolist()) <= set(ids2) and len(h) == 5 for h in outcome.hits)
     assert outcome.state.kind == "hnsw" and outcome.state.count == 20
     assert not outcome.state.building and not outcome.state.stale

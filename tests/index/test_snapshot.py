@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.index import SearchParams, build_index
+from rag.index import Knobs, build_index
 from rag.index import snapshot as snapshot_module
 from rag.index.base import VectorIndex
 from rag.index.snapshot import MANIFEST, SnapshotStore
@@ -36,7 +36,7 @@ def queries() -> np.ndarray:
 
 
 def results(index: VectorIndex) -> list[list[int]]:
-    return [h.ids.tolist() for h in index.search(queries(), SearchParams(k=5))]
+    return [h.ids.tolist() for h in index.search(queries(), Knobs(k=5))]
 
 
 @pytest.mark.parametrize("kind", ["exact", "hnsw", "faiss_flat", "faiss_ivf", "faiss_hnsw"])

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.audit import audit, pending_jobs, spawn_worker
 from rag.embed import HashEmbedder
 from tests.conftest import Api
+from tests.support.audit import audit, pending_jobs, spawn_worker
 
 CYCLES = 20  # the issue asks for at least 20 in the suite
 

@@ -11,12 +11,11 @@ import numpy.typing as npt
 import pytest
 from sqlalchemy import func, select
 
-from ingest import jobs
-from ingest.jobs import LeaseLost
 from ingest.pipeline import Pipeline
 from ingest.worker import Worker
 from rag.config import IngestSettings
-from rag.db import Database, repo
+from rag.db import Database, collections, documents, jobs
+from rag.db.jobs import LeaseLost
 from rag.db.models import Chunk, Document, IngestJob, Tenant
 from rag.embed import HashEmbedder
 
@@ -26,7 +25,7 @@ def _collection(db: Database, embedder: HashEmbedder) -> str:
         tenant = Tenant(name="t")
         s.add(tenant)
         s.flush()
-        c = repo.create_collection(
+        c = collections.create(
             s,
             tenant.id,
             name="c",
@@ -46,8 +45,8 @@ def _upload(db: Database, cid: str, text: str, max_attempts: int = 5) -> str:
 
     data = text.encode()
     with db.write() as s:
-        collection = repo.get_collection(s, _tenant_of(s, cid), cid)
-        acc = repo.add_document(
+        collection = collections.get(s, _tenant_of(s, cid), cid)
+        acc = documents.add(
             s,
             collection,
             filename="t.txt",
@@ -254,8 +253,8 @@ def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
 
     data = b"\xff\xfe\x00garbage\x00"
     with db.write() as s:
-        collection = repo.get_collection(s, _tenant_of(s, cid), cid)
-        bad = repo.add_document(
+        collection = collections.get(s, _tenant_of(s, cid), cid)
+        bad = documents.add(
             s,
             collection,
             filename="x.html",
@@ -276,7 +275,7 @@ def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
 def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
     from sqlalchemy import update
 
-    from ingest.jobs import ChunkRow, Finished, claim_many, complete_many
+    from rag.db.jobs import ChunkRow, Finished, claim_many, complete_many
 
     emb = HashEmbedder()
     cid = _collection(db, emb)
@@ -301,7 +300,7 @@ def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
 def test_a_failed_batch_write_falls_back_to_one_job_at_a_time(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ingest import jobs as jobs_module
+    from rag.db import jobs as jobs_module
 
     emb = HashEmbedder()
     cid = _collection(db, emb)

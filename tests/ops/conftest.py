@@ -6,9 +6,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+from tests.support.fakes import BackendBasics
 
 
-class RecordingEngine:
+class RecordingEngine(BackendBasics):
     def __init__(self, answer: str = "It leaves at nine [1].") -> None:
         self.answer = answer
         self.max_model_len = 2048

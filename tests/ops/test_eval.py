@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rag import eval as evaluation
 from rag.cli import build_parser
+from rag.ops import eval as evaluation
 from tests.conftest import Api
 
 DOCS = {

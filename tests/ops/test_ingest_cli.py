@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rag import ingest_cli
+from rag.cli import ingest as ingest_cli
 from rag.embed import HashEmbedder
 from tests.conftest import Api
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from rag.embed import HashEmbedder
-from rag.logs import JsonFormatter, RequestIdFilter, request_id
+from rag.ops.logs import JsonFormatter, RequestIdFilter, request_id
 from tests.conftest import Api
 from tests.ops.conftest import RecordingEngine
 

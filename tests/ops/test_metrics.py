@@ -12,10 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rag.api.app import create_app
 from rag.embed import HashEmbedder
-from rag.logs import request_id
-from rag.metrics import observe_stages
+from rag.ops.logs import request_id
+from rag.ops.metrics import observe_stages
 from rag.services import build_services
 from tests.conftest import ADMIN, Api, make_settings
+from tests.support.fakes import BackendBasics
 
 
 def _scrape(client: TestClient, headers: dict[str, str] = ADMIN) -> dict[tuple, float]:
@@ -142,7 +143,7 @@ def test_stage_timings_and_request_ids(tmp_path: Path, hash_embedder: HashEmbedd
         samples, "rag_stage_duration_seconds_sum", op="search", stage="embed"
     ) == pytest.approx(0.009)
     # The ask path's names: retrieval stages under "retrieve.", decode derived.
-    from rag.metrics import Metrics
+    from rag.ops.metrics import Metrics
 
     metrics = Metrics(lambda: None)
     metrics.observe_stages(
@@ -162,9 +163,9 @@ def test_stage_timings_and_request_ids(tmp_path: Path, hash_embedder: HashEmbedd
     observe_stages("search", {"embed": 1.0})
 
 
-class _FakeEngine:
+class _FakeEngine(BackendBasics):
     def metrics(self):  # type: ignore[no-untyped-def]
-        from rag.engine.engine import EngineMetrics
+        from rag.engine.protocol import EngineMetrics
 
         return EngineMetrics(
             running=2,

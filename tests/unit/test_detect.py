@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 
-from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, detect_media_type, safe_filename
 from rag.errors import Invalid, UnsupportedMediaType
+from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, detect_media_type, safe_filename
 
 PDF_BYTES = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n"
 

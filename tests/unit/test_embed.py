@@ -131,10 +131,10 @@ def test_the_onnx_encoder_declines_what_it_cannot_export(
 def test_the_onnx_encoder_runs_unfused_when_fusion_does_not_apply(
     minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rag.embed
+    import rag.embed.onnx
     from rag.embed import OnnxQueryEncoder
 
-    monkeypatch.setattr(rag.embed, "_fuse", lambda graph, config: None)
+    monkeypatch.setattr(rag.embed.onnx, "_fuse", lambda graph, config: None)
     plain = OnnxQueryEncoder.build(minilm._model, threads=1)
     assert plain is not None and not plain.fused
     texts = ["what is a closure in perl", "the longest river in europe"]
@@ -148,8 +148,8 @@ def test_a_fused_graph_that_disagrees_is_not_used(
 
     import torch
 
-    import rag.embed
-    from rag.embed import OnnxQueryEncoder, _export
+    import rag.embed.onnx
+    from rag.embed.onnx import OnnxQueryEncoder, _export
 
     # A "fused" graph from other weights: its vectors are not the model's.
     other = copy.deepcopy(minilm._model[0].auto_model)
@@ -157,7 +157,7 @@ def test_a_fused_graph_that_disagrees_is_not_used(
         for p in other.encoder.layer[0].parameters():
             p.add_(torch.randn_like(p) * 0.5)
     wrong = _export(other, minilm._model.tokenizer)
-    monkeypatch.setattr(rag.embed, "_fuse", lambda graph, config: wrong)
+    monkeypatch.setattr(rag.embed.onnx, "_fuse", lambda graph, config: wrong)
     encoder = OnnxQueryEncoder.build(minilm._model, threads=1)
     assert encoder is not None and not encoder.fused
     texts = ["what is a closure in perl"]

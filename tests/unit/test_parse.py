@@ -14,11 +14,11 @@ import pytest
 from reportlab.lib.pagesizes import A4
 from reportlab.pdfgen import canvas
 
-from ingest.detect import DOCX, HTML, MARKDOWN, PDF, TEXT
 from ingest.isolate import parse_isolated
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
 from rag.errors import ParseError, UnsupportedMediaType
+from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT
 
 LIMITS = ParseLimits(timeout_s=30, memory_mb=512)
 
@@ -319,7 +319,7 @@ def test_parse_forever_times_out_and_leaves_no_child() -> None:
     started = time.monotonic()
     with pytest.raises(ParseError, match="timed out after 1 s"):
         parse_isolated(
-            b"x", TEXT, ParseLimits(timeout_s=1), parse_fn="ingest._testing:spin_forever"
+            b"x", TEXT, ParseLimits(timeout_s=1), parse_fn="tests.support.parsers:spin_forever"
         )
     assert time.monotonic() - started < 5
     assert child_pids() <= before  # killed and reaped: no zombie, no orphan
@@ -328,7 +328,7 @@ def test_parse_forever_times_out_and_leaves_no_child() -> None:
 def test_sleeping_parser_times_out() -> None:
     with pytest.raises(ParseError, match="timed out after 0.5 s"):
         parse_isolated(
-            b"x", TEXT, ParseLimits(timeout_s=0.5), parse_fn="ingest._testing:sleep_forever"
+            b"x", TEXT, ParseLimits(timeout_s=0.5), parse_fn="tests.support.parsers:sleep_forever"
         )
 
 
@@ -341,28 +341,31 @@ def test_large_valid_input_under_a_tiny_timeout() -> None:
 def test_memory_hog_hits_the_memory_limit() -> None:
     with pytest.raises(ParseError, match="exceeded the memory limit of 256 MB"):
         parse_isolated(
-            b"x", TEXT, ParseLimits(memory_mb=256), parse_fn="ingest._testing:allocate_4gb"
+            b"x", TEXT, ParseLimits(memory_mb=256), parse_fn="tests.support.parsers:allocate_4gb"
         )
 
 
 def test_crashing_parser() -> None:
     with pytest.raises(ParseError, match="crashed"):
-        parse_isolated(b"x", TEXT, LIMITS, parse_fn="ingest._testing:crash")
+        parse_isolated(b"x", TEXT, LIMITS, parse_fn="tests.support.parsers:crash")
 
 
 def test_parser_bug_is_a_parse_error() -> None:
     with pytest.raises(ParseError, match="KeyError"):
-        parse_isolated(b"x", TEXT, LIMITS, parse_fn="ingest._testing:raise_bug")
+        parse_isolated(b"x", TEXT, LIMITS, parse_fn="tests.support.parsers:raise_bug")
 
 
 def test_output_is_capped() -> None:
     with pytest.raises(ParseError, match="longer than the limit of 1,000"):
         parse_isolated(
-            b"x", TEXT, ParseLimits(max_text_chars=1000), parse_fn="ingest._testing:too_much_text"
+            b"x",
+            TEXT,
+            ParseLimits(max_text_chars=1000),
+            parse_fn="tests.support.parsers:too_much_text",
         )
 
 
 def test_unicode_survives_the_round_trip() -> None:
     text = 'caf\u00e9 \u4e2d\u6587 \U0001f600 "quoted" \\ back\tslash'
-    result = parse_isolated(text.encode(), TEXT, LIMITS, parse_fn="ingest._testing:echo")
+    result = parse_isolated(text.encode(), TEXT, LIMITS, parse_fn="tests.support.parsers:echo")
     assert result.text == text

@@ -20,13 +20,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from rag.answer import Answerer, AskRequest, Final, Prepared
+from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
+from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, ServicesDep
-from rag.api.schemas import PassageOut
-from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut
+from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut, passages_out
 from rag.engine.sequence import SamplingParams
-from rag.metrics import observe_stages
-from rag.retrieve import Filter, Knobs
+from rag.knobs import Knobs
+from rag.retrieve import Filter
+from rag.services import Services
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["ask"])
@@ -61,21 +62,15 @@ def ask_request(body: AskIn) -> AskRequest:
     )
 
 
-def passages_out(prep: Prepared) -> list[PassageOut]:
-    return [PassageOut(**asdict(p)) for p in prep.passages]
-
-
 def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
-    # Called once per answer on both paths (JSON and SSE): the place to record its stages.
-    observe_stages("ask", final.timings_ms)
     search = prep.search
     return {
         "answer": final.answer,
         "citations": [CitationOut(**asdict(c)).model_dump() for c in final.citations],
-        "usage": UsageOut(**asdict(final.usage)).model_dump(),
+        "usage": UsageOut.of(final.usage).model_dump(),
         "timings_ms": final.timings_ms,
         "finish_reason": final.finish_reason,
-        "knobs": search.knobs if search else {},
+        "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],
         "partial": search.partial if search else False,
     }
@@ -99,52 +94,41 @@ async def ask(
 ) -> Any:
     """Answer a question from the collection's documents, with citations. With `stream`, the
     answer comes as server-sent events: `passages`, then `token`s, then `final`."""
-    answerer = Answerer(services)
-    prep = await answerer.prepare(principal.tenant_id, collection_id, ask_request(body))
+    prep = await prepare_answer(services, principal.tenant_id, collection_id, ask_request(body))
     if not body.stream:
-        final: Final | None = None
-        # aclosing: a client that goes away mid-answer cancels the generation too.
-        async with contextlib.aclosing(answerer.tokens(prep)) as tokens:
-            async for item in tokens:
-                if isinstance(item, Final):
-                    final = item
-        assert final is not None
-        return AskOut(passages=passages_out(prep), **final_out(prep, final))
-    cleanup = BackgroundTask(_cancel, services, prep)
+        final = await collect(services, prep, "ask")
+        return AskOut(passages=passages_out(prep.passages), **final_out(prep, final))
+    # Harmless when the generation already finished; frees it when the body never ran.
+    cleanup = BackgroundTask(cancel, services, prep)
     return StreamingResponse(
-        _events(answerer, prep, request),
+        _events(services, prep, request),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         background=cleanup,
     )
 
 
-async def _events(answerer: Answerer, prep: Prepared, request: Request) -> AsyncIterator[bytes]:
-    watcher = asyncio.create_task(_watch_disconnect(request, answerer, prep))
-    tokens = answerer.tokens(prep)
+async def _events(services: Services, prep: Prepared, request: Request) -> AsyncIterator[bytes]:
+    watcher = asyncio.create_task(_watch_disconnect(request, services, prep))
+    stream = tokens(services, prep, "ask")
     try:
-        yield sse("passages", {"passages": [p.model_dump() for p in passages_out(prep)]})
-        async for item in tokens:
+        passages = [p.model_dump() for p in passages_out(prep.passages)]
+        yield sse("passages", {"passages": passages})
+        async for item in stream:
             if isinstance(item, Final):
                 yield sse("final", final_out(prep, item))
             else:
                 yield sse("token", {"text": item})
     finally:
         watcher.cancel()
-        await tokens.aclose()  # cancels the generation if it is still running
+        await stream.aclose()  # cancels the generation if it is still running
 
 
-async def _watch_disconnect(request: Request, answerer: Answerer, prep: Prepared) -> None:
+async def _watch_disconnect(request: Request, services: Services, prep: Prepared) -> None:
     """Cancel the generation as soon as the client goes away, even between tokens."""
     with contextlib.suppress(asyncio.CancelledError):
         while not await request.is_disconnected():
             await asyncio.sleep(DISCONNECT_POLL_S)
         if prep.stream is not None:
             log.info("client went away; cancelling %s", prep.request_id)
-            answerer.services.engine.cancel(prep.request_id)
-
-
-async def _cancel(services: Any, prep: Prepared) -> None:
-    # Harmless when the generation already finished; frees it when the body never ran.
-    if prep.stream is not None:
-        services.engine.cancel(prep.request_id)
+            cancel(services, prep)

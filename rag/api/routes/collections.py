@@ -11,7 +11,7 @@ from rag.api.schemas import (
     RebuildIn,
     SearchDefaultsIn,
 )
-from rag.db import repo
+from rag.db import collections
 from rag.index import build_index
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
@@ -30,7 +30,7 @@ def create_collection(
         # Refuse unknown build parameters now, not at the first search.
         build_index(body.index.kind, services.embedder.dim, dict(body.index.params))
     with services.db.write() as session:
-        c = repo.create_collection(
+        c = collections.create(
             session,
             principal.tenant_id,
             name=body.name,
@@ -51,9 +51,11 @@ def list_collections(services: ServicesDep, principal: CurrentPrincipal) -> Coll
     with services.db.read() as session:
         out = [
             CollectionOut.of(
-                c, repo.document_counts(session, c.id), repo.chunk_count(session, c.id)
+                c,
+                collections.document_counts(session, c.id),
+                collections.chunk_count(session, c.id),
             )
-            for c in repo.list_collections(session, principal.tenant_id)
+            for c in collections.list_live(session, principal.tenant_id)
         ]
     return CollectionList(collections=out)
 
@@ -63,9 +65,9 @@ def get_collection(
     collection_id: str, services: ServicesDep, principal: CurrentPrincipal
 ) -> CollectionOut:
     with services.db.read() as session:
-        c = repo.get_collection(session, principal.tenant_id, collection_id)
+        c = collections.get(session, principal.tenant_id, collection_id)
         return CollectionOut.of(
-            c, repo.document_counts(session, c.id), repo.chunk_count(session, c.id)
+            c, collections.document_counts(session, c.id), collections.chunk_count(session, c.id)
         )
 
 
@@ -74,7 +76,7 @@ def delete_collection(
     collection_id: str, services: ServicesDep, principal: CurrentPrincipal
 ) -> Response:
     with services.db.write() as session:
-        repo.delete_collection(session, principal.tenant_id, collection_id)
+        collections.delete(session, principal.tenant_id, collection_id)
     return Response(status_code=204)
 
 
@@ -88,8 +90,8 @@ def set_search_defaults(
     """The knobs a search uses when the request leaves them out (`rag tune --apply` sets
     these from measurements)."""
     with services.db.write() as session:
-        c = repo.get_collection(session, principal.tenant_id, collection_id, lock=True)
-        c.search_defaults = body.model_dump(exclude_none=True)
+        c = collections.get(session, principal.tenant_id, collection_id, lock=True)
+        collections.set_search_defaults(session, c, body.model_dump(exclude_none=True))
         return CollectionOut.of(c)
 
 
@@ -100,7 +102,7 @@ def rebuild_index(
     """Rebuild the collection's index from SQL, optionally into another kind, in the
     background; searches keep using the old one until the new one is swapped in."""
     with services.db.write() as session:
-        c = repo.get_collection(session, principal.tenant_id, collection_id, lock=True)
+        c = collections.get(session, principal.tenant_id, collection_id, lock=True)
         kind = body.kind or c.index_kind
         params = (
             body.params
@@ -109,7 +111,7 @@ def rebuild_index(
         )
         if kind != "auto":
             build_index(kind, services.embedder.dim, dict(params))
-        c.index_kind, c.index_params = kind, dict(params)
+        collections.set_index_spec(session, c, kind, params)
     services.indexes.rebuild(collection_id, None if kind == "auto" else kind, dict(params))
     state = services.indexes.state(collection_id)
     return IndexInfo(

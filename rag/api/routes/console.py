@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
-from rag.db import repo
+from rag.db import collections
 from rag.errors import NotFound
 
 router = APIRouter()
@@ -110,7 +110,7 @@ def get_tuning(collection_id: str, services: ServicesDep, principal: CurrentPrin
     """The recall-versus-latency measurements `rag tune` stored for the collection (404 when it
     was never tuned). `search_defaults` are the knobs searches use now."""
     with services.db.read() as session:
-        c = repo.get_collection(session, principal.tenant_id, collection_id)
+        c = collections.get(session, principal.tenant_id, collection_id)
         if not c.tuning:
             raise NotFound(f"collection {collection_id} has not been tuned: run `rag tune`")
         t = c.tuning

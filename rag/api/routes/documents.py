@@ -1,15 +1,12 @@
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from ingest.detect import detect_media_type, safe_filename
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import (
     AcceptedDocument,
@@ -21,10 +18,11 @@ from rag.api.schemas import (
     TextDocumentsIn,
     UploadAccepted,
 )
-from rag.auth import Principal
-from rag.db import repo
+from rag.db import chunks, documents
 from rag.errors import Invalid, TooLarge, UnsupportedMediaType
 from rag.services import Services
+from rag.upload.accept import Incoming, accept
+from rag.upload.detect import safe_filename
 
 router = APIRouter(tags=["documents"])
 
@@ -55,14 +53,6 @@ UPLOAD_DOC = {
 }
 
 
-@dataclass
-class Incoming:
-    filename: str
-    data: bytes
-    declared: str | None
-    meta: dict[str, Any]
-
-
 @router.post(
     "/v1/collections/{collection_id}/documents",
     status_code=202,
@@ -84,9 +74,14 @@ async def upload(
         raise UnsupportedMediaType(
             "send multipart/form-data (field 'files') or application/json ({'text': ...})"
         )
-    accepted = await run_in_threadpool(_accept, services, principal, collection_id, incoming)
+    accepted = await run_in_threadpool(
+        lambda: accept(
+            services.db, principal.tenant_id, collection_id, incoming,
+            max_attempts=services.settings.ingest.max_attempts,
+        )
+    )  # fmt: skip
     services.wake_workers()
-    return UploadAccepted(documents=accepted)
+    return UploadAccepted(documents=[AcceptedDocument.of(a) for a in accepted])
 
 
 async def _read_multipart(request: Request, services: Services, limit: int) -> list[Incoming]:
@@ -166,41 +161,6 @@ def _read_json(raw: bytes, limit: int) -> list[Incoming]:
     return out
 
 
-def _accept(
-    services: Services, principal: Principal, collection_id: str, incoming: list[Incoming]
-) -> list[AcceptedDocument]:
-    # Type checks happen before anything is written: a bad file rejects the whole request.
-    typed = [
-        (item, detect_media_type(item.data, item.filename, item.declared)) for item in incoming
-    ]
-    accepted = []
-    with services.db.write() as session:
-        collection = repo.get_collection(session, principal.tenant_id, collection_id)
-        for item, media_type in typed:
-            result = repo.add_document(
-                session,
-                collection,
-                filename=item.filename,
-                media_type=media_type,
-                data=item.data,
-                sha256=hashlib.sha256(item.data).hexdigest(),
-                meta=item.meta,
-                max_attempts=services.settings.ingest.max_attempts,
-            )
-            accepted.append(
-                AcceptedDocument(
-                    document_id=result.document.id,
-                    job_id=result.job.id if result.job else None,
-                    filename=result.document.filename,
-                    media_type=result.document.media_type,
-                    size=result.document.size,
-                    status=result.document.status,
-                    duplicate=result.duplicate,
-                )
-            )
-    return accepted
-
-
 @router.get("/v1/collections/{collection_id}/documents", response_model=DocumentList)
 def list_documents(
     collection_id: str,
@@ -211,7 +171,7 @@ def list_documents(
     status: str | None = None,
 ) -> DocumentList:
     with services.db.read() as session:
-        docs, next_cursor = repo.list_documents(
+        docs, next_cursor = documents.list_page(
             session,
             principal.tenant_id,
             collection_id,
@@ -227,7 +187,7 @@ def get_document(
     document_id: str, services: ServicesDep, principal: CurrentPrincipal
 ) -> DocumentOut:
     with services.db.read() as session:
-        return DocumentOut.of(repo.get_document(session, principal.tenant_id, document_id))
+        return DocumentOut.of(documents.get(session, principal.tenant_id, document_id))
 
 
 @router.get("/v1/documents/{document_id}/chunks", response_model=ChunkList)
@@ -239,10 +199,10 @@ def list_chunks(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> ChunkList:
     with services.db.read() as session:
-        chunks = repo.list_chunks(
+        rows = chunks.list_page(
             session, principal.tenant_id, document_id, limit=limit, offset=offset
         )
-        return ChunkList(chunks=[ChunkOut.of(c) for c in chunks], offset=offset, limit=limit)
+        return ChunkList(chunks=[ChunkOut.of(c) for c in rows], offset=offset, limit=limit)
 
 
 @router.delete("/v1/documents/{document_id}", status_code=204)
@@ -251,5 +211,5 @@ def delete_document(
 ) -> Response:
     """Tombstone at once: from this answer on the document is in no result or answer."""
     with services.db.write() as session:
-        repo.delete_document(session, principal.tenant_id, document_id)
+        documents.delete(session, principal.tenant_id, document_id)
     return Response(status_code=204)

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import JobOut
-from rag.db import repo
+from rag.db import jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -36,7 +36,7 @@ async def get_job(
 
     def load() -> JobOut:
         with services.db.read() as session:
-            return JobOut.of(repo.get_job(session, principal.tenant_id, job_id))
+            return JobOut.of(jobs.get(session, principal.tenant_id, job_id))
 
     deadline = time.monotonic() + min(wait, services.settings.api.long_poll_max_s)
     job = await run_in_threadpool(load)

@@ -1,12 +1,13 @@
+"""API keys: create (admin), list (admin), the caller's own, revoke (admin)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from sqlalchemy import select
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import KeyCreate, KeyCreated, KeyInfo
 from rag.auth import create_key_with_id, require_admin, revoke_key
-from rag.db.models import ApiKey
+from rag.db import keys
 from rag.errors import Conflict, NotFound
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
@@ -26,17 +27,17 @@ def list_keys(services: ServicesDep, principal: CurrentPrincipal) -> list[KeyInf
     themselves: only their first characters)."""
     require_admin(principal)
     with services.db.read() as session:
-        keys = session.scalars(select(ApiKey).order_by(ApiKey.created_at.desc())).all()
-        return [KeyInfo.of(k) for k in keys]
+        return [KeyInfo.of(k) for k in keys.list_all(session)]
 
 
 @router.get("/me", response_model=KeyInfo)
 def me(services: ServicesDep, principal: CurrentPrincipal) -> KeyInfo:
     """The key this request was made with (never the key itself)."""
     with services.db.read() as session:
-        key = session.scalar(select(ApiKey).where(ApiKey.id == principal.key_id))
-        assert key is not None
-        return KeyInfo.of(key)
+        key = keys.get(session, principal.key_id)
+    if key is None:  # revoked and purged between authentication and now
+        raise NotFound("this request's key no longer exists")
+    return KeyInfo.of(key)
 
 
 @router.delete("/{key_id}", status_code=204, response_class=Response)

@@ -16,7 +16,7 @@ official client reads as OpenAI errors.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import time
 import uuid
@@ -25,23 +25,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from sqlalchemy import or_, select
 from starlette.background import BackgroundTask
 
-from rag.answer import Answerer, AskRequest, Final, Prepared
+from rag.answer import AskRequest, Final, Prepared, cancel, chat, collect, tokens
+from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, ServicesDep
-from rag.api.routes.ask import passages_out
-from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut
+from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, passages_out
 from rag.config import Settings
+from rag.db import collections
 from rag.db.models import Collection
-from rag.deadline import Deadline
-from rag.engine.sequence import EngineOverloaded, InvalidRequest, SamplingParams
-from rag.errors import Invalid, NotFound, Overloaded
-from rag.metrics import observe_stages
-from rag.retrieve import Knobs
+from rag.engine.sequence import SamplingParams
+from rag.errors import Invalid, NotFound
+from rag.knobs import Knobs
 from rag.services import Services
 
 router = APIRouter(tags=["openai"])
@@ -57,59 +54,49 @@ def generator_model(settings: Settings) -> str:
     return Path(engine.model_path).stem if engine.model_path else "smollm2"
 
 
+def model_ids(rows: list[Collection], generator: str) -> dict[str, str]:
+    """Collection id -> the id it is listed under: its name (what clients such as the
+    `openai` library show), unless the name could mean something else here (the generator,
+    or another collection's id); then its id. Both are accepted as `model`."""
+    ids = {c.id for c in rows}
+    return {
+        c.id: c.name if c.name != generator and (c.name not in ids or c.name == c.id) else c.id
+        for c in rows
+    }
+
+
 def _find_collection(services: Services, tenant_id: str, model: str) -> Collection | None:
     with services.db.read() as session:
-        rows = session.scalars(
-            select(Collection)
-            .where(
-                Collection.tenant_id == tenant_id,
-                Collection.deleted_at.is_(None),
-                or_(Collection.id == model, Collection.name == model),
-            )
-            .order_by(Collection.created_at)
-        ).all()
-    # An id match wins over a name match (a collection may be named like another's id).
-    found = [c for c in rows if c.id == model] or list(rows)
-    return found[0] if found else None
+        return collections.find(session, model, tenant_id=tenant_id)
 
 
 @router.get("/v1/models", response_model=ModelList)
 def models(services: ServicesDep, principal: CurrentPrincipal) -> ModelList:
     """The caller's collections (answers grounded in them) and the generator (plain chat)."""
+    generator = generator_model(services.settings)
     with services.db.read() as session:
-        rows = session.scalars(
-            select(Collection)
-            .where(Collection.tenant_id == principal.tenant_id, Collection.deleted_at.is_(None))
-            .order_by(Collection.created_at, Collection.id)
-        ).all()
-        data = [
-            ModelOut(
-                id=c.id,
-                created=int(c.created_at),
-                owned_by=principal.tenant_name,
-                name=c.name,
-                kind="collection",
-            )  # fmt: skip
-            for c in rows
-        ]
-    data.append(
+        rows = collections.list_live(session, principal.tenant_id)
+    listed = model_ids(rows, generator)
+    data = [
         ModelOut(
-            id=generator_model(services.settings),
-            created=0,
-            owned_by="ragserve",
-            name=None,
-            kind="generator",
-        )
-    )
+            id=listed[c.id],
+            created=int(c.created_at),
+            owned_by=principal.tenant_name,
+            name=c.name,
+            kind="collection",
+            collection_id=c.id,
+        )  # fmt: skip
+        for c in rows
+    ]
+    data.append(ModelOut(id=generator, created=0, owned_by="ragserve", name=None, kind="generator"))
     return ModelList(data=data)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(
-    body: ChatCompletionIn, request: Request, services: ServicesDep, principal: CurrentPrincipal
+    body: ChatCompletionIn, services: ServicesDep, principal: CurrentPrincipal
 ) -> Any:
     """OpenAI chat completions; `model` is a collection (grounded) or the generator (plain)."""
-    answerer = Answerer(services)
     params = SamplingParams(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature if body.temperature is not None else 0.0,
@@ -118,7 +105,7 @@ async def chat_completions(
         seed=body.seed,
         stop=body.stops(),
     )
-    collection = await anyio.to_thread.run_sync(
+    collection = await asyncio.to_thread(
         _find_collection, services, principal.tenant_id, body.model
     )
     if collection is not None:
@@ -126,21 +113,17 @@ async def chat_completions(
         if not question.strip():
             raise Invalid("messages: no user message with text to answer")
         req = AskRequest(question, Knobs(k=body.k), None, params, body.budget_ms)
-        prep = await answerer.prepare(principal.tenant_id, collection.id, req)
+        prep = await prepare_answer(services, principal.tenant_id, collection.id, req)
     elif body.model == generator_model(services.settings):
-        prep = await _plain(answerer, services, principal.tenant_id, body, params)
+        messages = [(m.role, m.text()) for m in body.messages]
+        prep = await chat.prepare(services, principal.tenant_id, messages, params, body.budget_ms)
     else:
         raise NotFound(f"model {body.model!r} is neither a collection of yours nor the generator")
 
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if not body.stream:
-        final: Final | None = None
-        async with contextlib.aclosing(answerer.tokens(prep)) as tokens:
-            async for item in tokens:
-                if isinstance(item, Final):
-                    final = item
-        assert final is not None
+        final = await collect(services, prep, "chat")
         return {
             "id": cid,
             "object": "chat.completion",
@@ -159,48 +142,15 @@ async def chat_completions(
         }
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return StreamingResponse(
-        _chunks(answerer, prep, cid, created, body.model, include_usage),
+        _chunks(services, prep, cid, created, body.model, include_usage),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=BackgroundTask(_cancel, services, prep),
+        background=BackgroundTask(cancel, services, prep),
     )
 
 
-async def _plain(
-    answerer: Answerer,
-    services: Services,
-    tenant_id: str,
-    body: ChatCompletionIn,
-    params: SamplingParams,
-) -> Prepared:
-    engine = await anyio.to_thread.run_sync(lambda: services.engine)
-    answerer.admit(engine)
-    messages = []
-    for m in body.messages:
-        role = {"developer": "system"}.get(m.role, m.role)
-        if role in ("system", "user", "assistant"):
-            messages.append({"role": role, "content": m.text()})
-    if not any(m["role"] == "user" for m in messages):
-        raise Invalid("messages: at least one user message is needed")
-    if params.max_tokens is None:
-        params = SamplingParams(
-            **{**params.__dict__, "max_tokens": services.settings.ask.default_max_tokens}
-        )
-    request_id = "chat-" + uuid.uuid4().hex
-    try:
-        stream = engine.submit(messages, params, request_id)
-    except EngineOverloaded as exc:
-        raise Overloaded(str(exc), retry_after_s=exc.retry_after_s) from None
-    except InvalidRequest as exc:
-        raise Invalid(str(exc)) from None
-    return Prepared(
-        tenant_id, "", [], None, Deadline.after_ms(body.budget_ms), {}, request_id, stream,
-        submitted_at=time.perf_counter(),
-    )  # fmt: skip
-
-
 async def _chunks(
-    answerer: Answerer, prep: Prepared, cid: str, created: int, model: str, include_usage: bool
+    services: Services, prep: Prepared, cid: str, created: int, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
         payload = {
@@ -213,9 +163,10 @@ async def _chunks(
         }
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
-    async with contextlib.aclosing(answerer.tokens(prep)) as tokens:
+    stream = tokens(services, prep, "chat")
+    try:
         yield chunk({"role": "assistant", "content": ""})
-        async for item in tokens:
+        async for item in stream:
             if not isinstance(item, Final):
                 yield chunk({"content": item})
                 continue
@@ -227,6 +178,8 @@ async def _chunks(
                     "model": model, "choices": [], "usage": _usage(item),
                 }  # fmt: skip
                 yield f"data: {json.dumps(usage_only)}\n\n".encode()
+    finally:
+        await stream.aclose()  # cancels the generation if it is still running
     yield b"data: [DONE]\n\n"
 
 
@@ -234,22 +187,15 @@ def _usage(final: Final) -> dict[str, Any]:
     u = final.usage
     return {
         "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.generated_tokens,
-        "total_tokens": u.prompt_tokens + u.generated_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
     }
 
 
 def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
-    # Called once per answer on both paths (JSON and stream): the place to record its stages.
-    observe_stages("chat", final.timings_ms)
     return {
         "sources": [asdict(c) for c in final.citations],
-        "passages": [p.model_dump() for p in passages_out(prep)],
+        "passages": [p.model_dump() for p in passages_out(prep.passages)],
         "ragserve": {"finish_reason": final.finish_reason, "timings_ms": final.timings_ms},
     }
-
-
-async def _cancel(services: Services, prep: Prepared) -> None:
-    if prep.stream is not None:
-        services.engine.cancel(prep.request_id)

@@ -14,16 +14,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import func, select, text
 from starlette.concurrency import run_in_threadpool
 
 from rag import __version__
 from rag.api.deps import ServicesDep
 from rag.api.schemas import Health
 from rag.auth import authenticate, require_admin
-from rag.db.models import ChangeLog
+from rag.db import changelog
 from rag.errors import NotFound
-from rag.metrics import CONTENT_TYPE
+from rag.ops.metrics import CONTENT_TYPE
 from rag.services import Services
 
 router = APIRouter(tags=["ops"])
@@ -54,8 +53,7 @@ def readyz(services: ServicesDep) -> JSONResponse:
 def readiness(services: Services) -> dict[str, dict[str, Any]]:
     checks: dict[str, dict[str, Any]] = {}
     try:
-        with services.db.read() as session:
-            session.execute(text("SELECT 1"))
+        services.db.ping()
         checks["database"] = {"ok": True}
     except Exception as exc:
         log.warning("readiness: database unreachable: %s", type(exc).__name__)
@@ -84,11 +82,7 @@ def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
             behind[cid] = "last catch-up did not finish"
         elif database_ok:
             with services.db.read() as session:
-                lag = session.scalar(
-                    select(func.count())
-                    .select_from(ChangeLog)
-                    .where(ChangeLog.collection_id == cid, ChangeLog.seq > state.watermark)
-                )
+                lag = changelog.count_after(session, cid, state.watermark)
             # A few changes committed since the last catch-up are normal (the background loop
             # applies up to one batch per tick); more than a batch behind is not caught up.
             if lag and lag > services.indexes.catch_up_batch:

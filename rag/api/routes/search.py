@@ -4,8 +4,9 @@ from fastapi import APIRouter, Response
 
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas import IndexInfo, PassageOut, SearchIn, SearchOut
-from rag.metrics import observe_stages
-from rag.retrieve import Filter, Knobs
+from rag.knobs import Knobs
+from rag.ops.metrics import observe_stages
+from rag.retrieve import Filter
 
 router = APIRouter(tags=["search"])
 
@@ -33,7 +34,7 @@ def search(
     state = result.index
     out = SearchOut(
         passages=[PassageOut(**vars(p)) for p in result.passages],
-        knobs=result.knobs,
+        knobs=result.knobs_used(),
         timings_ms=result.timings_ms,
         degraded=bool(result.degraded),
         degradations=result.degraded,

@@ -1,4 +1,4 @@
-"""`rag generate` and `rag bench-engine`. The lead's rag/cli.py calls register(subparsers)."""
+"""`rag generate` (stream a completion from the engine) and `rag bench-engine`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rag.cli.common import load_settings
 from rag.engine.config import EngineSettings
 from rag.engine.sequence import SamplingParams
 
@@ -44,8 +45,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
-    """Flags over the app's settings (args.settings.engine, when the main CLI provides it)."""
-    base = getattr(getattr(args, "settings", None), "engine", None) or EngineSettings()
+    """Flags over the configured engine settings."""
+    base = load_settings().engine
     overrides = {
         k: v
         for k in ("backend", "model_path", "device", "threads", "remote_url", "remote_model")
@@ -55,7 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from rag.engine.engine import build_engine
+    from rag.engine.build import build_engine
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

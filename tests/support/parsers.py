@@ -2,7 +2,7 @@
 child by name).
 
 Each has the signature of `ingest.parse.parse`; point `parse_isolated(..., parse_fn=...)` at
-"ingest._testing:<name>". Harmless to ship: nothing calls them unless asked to by name.
+"tests.support.parsers:<name>". Harmless to ship: nothing calls them unless asked to by name.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+
+from rag.db import collections, jobs
 
 if TYPE_CHECKING:
     from rag.services import Services
@@ -150,38 +151,31 @@ class ServiceCollector(Collector):
 
 
 def _ingest_metrics(services: Services) -> Iterator[Metric]:
-    from ingest.jobs import queue_depth
-
-    by_state = queue_depth(services.db)
+    by_state = jobs.queue_depth(services.db)
     yield GaugeMetricFamily(
         "rag_ingest_queue_depth",
         "Ingest jobs waiting or running",
         by_state.get("queued", 0) + by_state.get("running", 0),
     )
-    jobs = GaugeMetricFamily("rag_ingest_jobs", "Ingest jobs by state (outcomes)", labels=["state"])
+    family = GaugeMetricFamily(
+        "rag_ingest_jobs", "Ingest jobs by state (outcomes)", labels=["state"]
+    )
     for state in ("queued", "running", "done", "failed", "cancelled"):
-        jobs.add_metric([state], by_state.get(state, 0))
+        family.add_metric([state], by_state.get(state, 0))
     for state, n in by_state.items():
         if state not in ("queued", "running", "done", "failed", "cancelled"):
-            jobs.add_metric([state], n)
-    yield jobs
+            family.add_metric([state], n)
+    yield family
 
 
 def _chunk_metrics(services: Services) -> Iterator[Metric]:
-    from rag.db.models import Document
-
-    stmt = (
-        select(Document.collection_id, func.coalesce(func.sum(Document.chunk_count), 0))
-        .where(Document.deleted_at.is_(None), Document.status == "indexed")
-        .group_by(Document.collection_id)
-    )
     with services.db.read() as session:
-        rows = session.execute(stmt).all()
+        rows = collections.indexed_chunks_by_collection(session)
     family = GaugeMetricFamily(
         "rag_chunks_indexed", "Chunks of live, indexed documents", labels=["collection"]
     )
-    for collection_id, n in rows:
-        family.add_metric([collection_id], int(n))
+    for collection_id, n in rows.items():
+        family.add_metric([collection_id], n)
     yield family
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from rag.cli.common import data_settings, offline_services, progress
 
 
 def register(subparsers: Any) -> None:
@@ -26,28 +27,14 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def progress(desc: str):  # type: ignore[no-untyped-def]
-    def wrap(items: Iterable[Any]) -> Iterable[Any]:
-        from tqdm import tqdm
-
-        return tqdm(list(items), desc=desc, file=sys.stderr, leave=False)
-
-    return wrap
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rag import eval as evaluation
-    from rag.config import Settings
     from rag.errors import RagError
-    from rag.services import build_services
+    from rag.ops import eval as evaluation
 
-    try:
-        settings = Settings()
-    except Exception as exc:
-        sys.exit(f"invalid configuration: {exc}")
+    settings = data_settings()
     queries_path = Path(args.queries)
     qrels_path = Path(args.qrels) if args.qrels else queries_path.with_name("qrels.tsv")
-    services = build_services(settings, in_process_worker=False, announce_admin_key=False)
+    services = offline_services(settings)
     try:
         collection = evaluation.resolve_collection(services, args.collection, args.tenant)
         report = evaluation.evaluate(

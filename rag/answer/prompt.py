@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rag.engine.protocol import estimate_tokens
+
 SYSTEM = (
     "You answer questions using only the numbered passages the user provides. "
     "Cite every fact with the number of its passage in square brackets, like [1] or [2]. "
@@ -96,11 +98,6 @@ def messages_for(question: str, passages: Sequence[PassageLike]) -> Messages:
     else:
         user = f"Question: {question}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
-
-
-def estimate_tokens(messages: Messages) -> int:
-    """About four characters a token, plus a few per message for the chat template."""
-    return sum(len(m["content"]) // 3 + 8 for m in messages)
 
 
 def build(

@@ -1,100 +1,22 @@
-"""Tenant-scoped queries the API and the services share.
-
-Every function takes the caller's tenant id and answers NotFound for rows of another tenant,
-so a guessed id never reveals that it exists.
-"""
+"""Documents: uploaded bytes (a blob under its sha256), their metadata and extracted text."""
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from rag.db import collections
+from rag.db.jobs import cancel_jobs_where
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
-from rag.errors import Conflict, Invalid, NotFound
-
-# ---------------------------------------------------------------- collections
-
-
-def create_collection(session: Session, tenant_id: str, **fields: Any) -> Collection:
-    collection = Collection(tenant_id=tenant_id, **fields)
-    try:
-        with session.begin_nested():
-            session.add(collection)
-            session.flush()
-    except IntegrityError:
-        raise Conflict(f"a collection named {fields.get('name')!r} already exists") from None
-    return collection
-
-
-def list_collections(session: Session, tenant_id: str) -> list[Collection]:
-    stmt = (
-        select(Collection)
-        .where(Collection.tenant_id == tenant_id, Collection.deleted_at.is_(None))
-        .order_by(Collection.created_at, Collection.id)
-    )
-    return list(session.scalars(stmt))
-
-
-def get_collection(
-    session: Session, tenant_id: str, collection_id: str, *, lock: bool = False
-) -> Collection:
-    stmt = select(Collection).where(
-        Collection.id == collection_id,
-        Collection.tenant_id == tenant_id,
-        Collection.deleted_at.is_(None),
-    )
-    if lock:
-        # Serialises change-log writers of one collection, so seq order is commit order.
-        stmt = stmt.with_for_update()
-    collection = session.scalar(stmt)
-    if collection is None:
-        raise NotFound(f"collection {collection_id} not found")
-    return collection
-
-
-def lock_collection(session: Session, collection_id: str) -> Collection | None:
-    stmt = select(Collection).where(Collection.id == collection_id).with_for_update()
-    return session.scalar(stmt)
-
-
-def delete_collection(session: Session, tenant_id: str, collection_id: str) -> None:
-    collection = get_collection(session, tenant_id, collection_id, lock=True)
-    t = now()
-    collection.deleted_at = t
-    session.execute(
-        update(Document)
-        .where(Document.collection_id == collection_id, Document.deleted_at.is_(None))
-        .values(deleted_at=t, status="deleted", updated_at=t)
-    )
-    _cancel_jobs(session, IngestJob.collection_id == collection_id, "collection deleted")
-
-
-def chunk_count(session: Session, collection_id: str) -> int:
-    stmt = select(func.coalesce(func.sum(Document.chunk_count), 0)).where(
-        Document.collection_id == collection_id,
-        Document.deleted_at.is_(None),
-        Document.status == "indexed",
-    )
-    return int(session.scalar(stmt) or 0)
-
-
-def document_counts(session: Session, collection_id: str) -> dict[str, int]:
-    stmt = (
-        select(Document.status, func.count())
-        .where(Document.collection_id == collection_id, Document.deleted_at.is_(None))
-        .group_by(Document.status)
-    )
-    return {status: int(n) for status, n in session.execute(stmt)}
-
-
-# ---------------------------------------------------------------- documents
+from rag.errors import Invalid, NotFound
 
 
 @dataclass
@@ -130,7 +52,7 @@ def _live_duplicate(session: Session, collection_id: str, sha256: str) -> Accept
     return Accepted(doc, job, duplicate=True)
 
 
-def add_document(
+def add(
     session: Session,
     collection: Collection,
     *,
@@ -194,7 +116,7 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
         raise Invalid("cursor is not one this service issued") from None
 
 
-def list_documents(
+def list_page(
     session: Session,
     tenant_id: str,
     collection_id: str,
@@ -203,7 +125,7 @@ def list_documents(
     cursor: str | None = None,
     status: str | None = None,
 ) -> tuple[list[Document], str | None]:
-    get_collection(session, tenant_id, collection_id)
+    collections.get(session, tenant_id, collection_id)
     stmt = select(Document).where(
         Document.collection_id == collection_id,
         Document.tenant_id == tenant_id,
@@ -226,7 +148,7 @@ def list_documents(
     return docs, next_cursor
 
 
-def get_document(session: Session, tenant_id: str, document_id: str) -> Document:
+def get(session: Session, tenant_id: str, document_id: str) -> Document:
     doc = session.scalar(
         select(Document).where(
             Document.id == document_id,
@@ -239,25 +161,11 @@ def get_document(session: Session, tenant_id: str, document_id: str) -> Document
     return doc
 
 
-def list_chunks(
-    session: Session, tenant_id: str, document_id: str, *, limit: int, offset: int
-) -> list[Chunk]:
-    get_document(session, tenant_id, document_id)
-    stmt = (
-        select(Chunk)
-        .where(Chunk.document_id == document_id, Chunk.tenant_id == tenant_id)
-        .order_by(Chunk.ordinal)
-        .offset(offset)
-        .limit(limit)
-    )
-    return list(session.scalars(stmt))
-
-
-def delete_document(session: Session, tenant_id: str, document_id: str) -> Document:
+def delete(session: Session, tenant_id: str, document_id: str) -> Document:
     """Tombstone now: from this commit on, no search or answer returns the document. The
     change log tells every index to drop its chunks."""
-    doc = get_document(session, tenant_id, document_id)
-    lock_collection(session, doc.collection_id)
+    doc = get(session, tenant_id, document_id)
+    collections.lock(session, doc.collection_id)
     t = now()
     doc.deleted_at = t
     doc.status = "deleted"
@@ -267,26 +175,22 @@ def delete_document(session: Session, tenant_id: str, document_id: str) -> Docum
         ChangeLog(collection_id=doc.collection_id, op="remove", chunk_id=cid, document_id=doc.id)
         for cid in chunk_ids
     )
-    _cancel_jobs(session, IngestJob.document_id == doc.id, "document deleted")
+    cancel_jobs_where(session, IngestJob.document_id == doc.id, "document deleted")
     return doc
 
 
-def _cancel_jobs(session: Session, where: Any, reason: str) -> None:
-    t = now()
-    session.execute(
-        update(IngestJob)
-        .where(where, IngestJob.state.in_(("queued", "running")))
-        .values(state="cancelled", error=reason, finished_at=t, updated_at=t, lease_owner=None)
-    )
-
-
-# ---------------------------------------------------------------- jobs
-
-
-def get_job(session: Session, tenant_id: str, job_id: str) -> IngestJob:
-    job = session.scalar(
-        select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
-    )
-    if job is None:
-        raise NotFound(f"job {job_id} not found")
-    return job
+def corpus_names(session: Session, collection_id: str) -> dict[str, set[str]]:
+    """document id -> the corpus ids it answers to in an evaluation: its metadata `_id`,
+    else its filename and the filename's stem."""
+    rows = session.execute(
+        select(Document.id, Document.filename, Document.meta).where(
+            Document.collection_id == collection_id, Document.deleted_at.is_(None)
+        )
+    ).all()
+    out: dict[str, set[str]] = {}
+    for doc_id, filename, meta in rows:
+        if meta and meta.get("_id") is not None:
+            out[doc_id] = {str(meta["_id"])}
+        else:
+            out[doc_id] = {filename, PurePath(filename).stem}
+    return out

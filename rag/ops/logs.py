@@ -28,6 +28,19 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class QuietLibraries(logging.Filter):
+    """Drops the INFO chatter of ONNX Runtime's graph optimiser (about twenty lines at every
+    start, one per fusion) while keeping its warnings."""
+
+    NOISY = ("onnxruntime/transformers",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        path = record.pathname.replace("\\", "/")
+        return not any(part in path for part in self.NOISY)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -49,6 +62,7 @@ def setup(level: str = "INFO", json_lines: bool = False) -> None:
     """Call once at startup with `settings.log_level` and `settings.log_json`."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(QuietLibraries())
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:

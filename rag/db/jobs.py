@@ -8,17 +8,22 @@ worker took over) cannot write anything.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import and_, select, update
+from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy.orm import Session
 
-from rag.db import Database
+from rag.db import vectors as vector_codec
+from rag.db.locks import lock_collection
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
-from rag.db.repo import lock_collection
+from rag.db.session import Database
+from rag.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +109,8 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
         ]
 
 
-def _take_over(  # type: ignore[no-untyped-def]
-    session, owner: str, lease_s: float, t: float, *, skip_locked: bool
+def _take_over(
+    session: Session, owner: str, lease_s: float, t: float, *, skip_locked: bool
 ) -> IngestJob | None:
     """The oldest job whose worker died, leased to `owner` alone; jobs that already crashed
     workers `max_attempts` times on their own end `failed` on the way."""
@@ -163,7 +168,7 @@ def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def _ours(job: ClaimedJob):  # type: ignore[no-untyped-def]
+def _ours(job: ClaimedJob) -> ColumnElement[bool]:
     return and_(
         IngestJob.id == job.id,
         IngestJob.state == "running",
@@ -212,8 +217,6 @@ def set_status(db: Database, held: list[ClaimedJob], status: str) -> None:
 
 
 def chunk_uid(document_id: str, row: ChunkRow) -> str:
-    import hashlib
-
     key = f"{document_id}:{row.ordinal}:{row.start_char}:{row.end_char}"
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -259,7 +262,7 @@ def complete_many(db: Database, batch: Sequence[Finished], embedding_model: str)
     return states
 
 
-def _write_job(session, item: Finished, embedding_model: str) -> str:  # type: ignore[no-untyped-def]
+def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
     job = item.job
     job_row = session.scalar(select(IngestJob).where(_ours(job)))
     if job_row is None:
@@ -271,7 +274,7 @@ def _write_job(session, item: Finished, embedding_model: str) -> str:  # type: i
         job_row.finished_at = job_row.updated_at = t
         job_row.lease_owner = None
         return "cancelled"
-    vectors = np.ascontiguousarray(item.vectors, dtype="<f4")
+    blobs = vector_codec.encode_rows(item.vectors)
     rows = [
         Chunk(
             uid=chunk_uid(doc.id, c),
@@ -283,7 +286,7 @@ def _write_job(session, item: Finished, embedding_model: str) -> str:  # type: i
             start_char=c.start_char,
             end_char=c.end_char,
             token_count=c.token_count,
-            embedding=vectors[i].tobytes(),
+            embedding=blobs[i],
             embedding_model=embedding_model,
         )
         for i, c in enumerate(item.chunks)
@@ -340,7 +343,7 @@ def fail(
         return "queued"
 
 
-def _finish_failed(session, job_row: IngestJob, reason: str) -> None:  # type: ignore[no-untyped-def]
+def _finish_failed(session: Session, job_row: IngestJob, reason: str) -> None:
     t = now()
     job_row.state = "failed"
     job_row.error = reason
@@ -355,8 +358,6 @@ def _finish_failed(session, job_row: IngestJob, reason: str) -> None:  # type: i
 
 
 def queue_depth(db: Database) -> dict[str, int]:
-    from sqlalchemy import func
-
     with db.read() as session:
         rows = session.execute(
             select(IngestJob.state, func.count()).group_by(IngestJob.state)
@@ -373,3 +374,38 @@ def cancel(db: Database, job: ClaimedJob, reason: str) -> None:
         job_row.state, job_row.error = "cancelled", reason
         job_row.finished_at = job_row.updated_at = t
         job_row.lease_owner = None
+
+
+def cancel_jobs_where(session: Session, where: Any, reason: str) -> None:
+    """Cancel the pending jobs `where` selects (their document or collection went away)."""
+    t = now()
+    session.execute(
+        update(IngestJob)
+        .where(where, IngestJob.state.in_(("queued", "running")))
+        .values(state="cancelled", error=reason, finished_at=t, updated_at=t, lease_owner=None)
+    )
+
+
+def get(session: Session, tenant_id: str, job_id: str) -> IngestJob:
+    job = session.scalar(
+        select(IngestJob).where(IngestJob.id == job_id, IngestJob.tenant_id == tenant_id)
+    )
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+DONE_STATES = ("done", "failed", "cancelled")
+
+
+def finished_states(db: Database, job_ids: Sequence[str]) -> dict[str, str]:
+    """The jobs among `job_ids` that are finished, with their state."""
+    if not job_ids:
+        return {}
+    with db.read() as session:
+        rows = session.execute(
+            select(IngestJob.id, IngestJob.state).where(
+                IngestJob.id.in_(list(job_ids)), IngestJob.state.in_(DONE_STATES)
+            )
+        ).all()
+    return {job_id: state for job_id, state in rows}

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from rag.config import Settings
+from rag.cli.common import data_settings, offline_services
 
 
 def register(subparsers: Any) -> None:
@@ -88,34 +88,39 @@ def _remote(args: argparse.Namespace, body: dict[str, Any]) -> int:
 async def _in_process(args: argparse.Namespace, body: dict[str, Any]) -> int:
     from dataclasses import asdict
 
-    from rag.answer import Answerer, AskRequest, Final
+    from rag.answer import AskRequest, Final, ask, tokens
+    from rag.db import collections
     from rag.engine.sequence import SamplingParams
-    from rag.errors import RagError
-    from rag.retrieve import Knobs
-    from rag.services import build_services
+    from rag.errors import NotFound, RagError
+    from rag.knobs import Knobs
 
-    try:
-        settings = Settings()
-    except Exception as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
-        return 2
-    services = build_services(settings, in_process_worker=False, announce_admin_key=False)
+    settings = data_settings()
+    services = offline_services(settings)
     try:
         services.indexes.start(settings.index.catch_up_interval_s)
-        tenant_id, collection_id = _resolve(services, args.collection, args.tenant)
+        with services.db.read() as session:
+            if args.tenant:
+                row = collections.find_in_tenant_named(session, args.collection, args.tenant)
+            else:
+                row = collections.find(session, args.collection)
+        if row is None:
+            raise NotFound(f"no collection {args.collection!r} in {services.db.describe()}")
         req = AskRequest(
             question=args.question,
             knobs=Knobs(k=args.k),
             params=SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
             budget_ms=args.budget_ms,
         )
-        answerer = Answerer(services)
-        prep = await answerer.prepare(tenant_id, collection_id, req)
+        prep = await ask.prepare(services, row.tenant_id, row.id, req)
         passages = [asdict(p) for p in prep.passages]
-        async for item in answerer.tokens(prep):
+        async for item in tokens(services, prep, "ask"):
             if isinstance(item, Final):
                 final = asdict(item)
-                final["timings_ms"] = item.timings_ms
+                final["usage"] = {
+                    "prompt_tokens": item.usage.prompt_tokens,
+                    "cached_tokens": item.usage.cached_prompt_tokens,
+                    "generated_tokens": item.usage.completion_tokens,
+                }
                 _print_final(final, passages)
             else:
                 print(item, end="", flush=True)
@@ -125,25 +130,3 @@ async def _in_process(args: argparse.Namespace, body: dict[str, Any]) -> int:
         return 1
     finally:
         services.close()
-
-
-def _resolve(services: Any, collection: str, tenant: str | None) -> tuple[str, str]:
-    """(tenant id, collection id) of a collection named by id, or by name within a tenant."""
-    from sqlalchemy import or_, select
-
-    from rag.db.models import Collection, Tenant
-    from rag.errors import NotFound
-
-    with services.db.read() as session:
-        stmt = select(Collection).where(
-            Collection.deleted_at.is_(None),
-            or_(Collection.id == collection, Collection.name == collection),
-        )
-        if tenant:
-            stmt = stmt.join(Tenant, Tenant.id == Collection.tenant_id).where(Tenant.name == tenant)
-        rows = list(session.scalars(stmt))
-    if not rows:
-        raise NotFound(f"collection {collection!r} not found")
-    if len({r.tenant_id for r in rows}) > 1:
-        raise NotFound(f"collection name {collection!r} is ambiguous; pass --tenant or an id")
-    return rows[0].tenant_id, rows[0].id

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -18,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
 
-from rag.db.models import Chunk, Collection, now
+from rag.db import chunks, collections
+from rag.db.models import now
 from rag.errors import Invalid, NotFound
-from rag.index.base import SearchParams
-from rag.retrieve import Knobs
+from rag.knobs import Knobs
 from rag.services import Services
 
 log = logging.getLogger(__name__)
@@ -89,37 +87,24 @@ def pareto(points: list[Point]) -> list[Point]:
 
 def sweep_values(kind: str, k: int, index: Any) -> tuple[str | None, list[int | None]]:
     if kind in ("hnsw", "faiss_hnsw"):
-        return "ef_search", sorted({max(k, v) for v in (8, 16, 24, 32, 48, 64, 96, 128, 256, 512)})
+        efs = sorted({max(k, v) for v in (8, 16, 24, 32, 48, 64, 96, 128, 256, 512)})
+        return "ef_search", list[int | None](efs)
     if kind.startswith("faiss_ivf"):
         nlist = int(index.params.get("nlist") or getattr(index, "_trained_nlist", 0) or 64)
-        return "nprobe", [v for v in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128) if v <= nlist]
+        probes: list[int | None] = [
+            v for v in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128) if v <= nlist
+        ]
+        return "nprobe", probes
     return None, [None]
 
 
 def sample_queries(services: Services, collection_id: str, n: int, seed: int = 0) -> list[str]:
     """Queries drawn from the collection's own chunks: the first 16 words of a sample."""
     with services.db.read() as s:
-        total = (
-            s.scalar(
-                select(func.count()).select_from(Chunk).where(Chunk.collection_id == collection_id)
-            )
-            or 0
-        )
-        if total == 0:
-            raise Invalid("the collection has no chunks to tune on")
-        offsets = sorted(random.Random(seed).sample(range(total), min(n, total)))
-        texts = []
-        for off in offsets:
-            text = s.scalar(
-                select(Chunk.text)
-                .where(Chunk.collection_id == collection_id)
-                .order_by(Chunk.id)
-                .offset(off)
-                .limit(1)
-            )
-            if text:
-                texts.append(" ".join(text.split()[:16]))
-    return texts
+        texts = chunks.sample_texts(s, collection_id, n, seed)
+    if not texts:
+        raise Invalid("the collection has no chunks to tune on")
+    return [" ".join(text.split()[:16]) for text in texts]
 
 
 def read_queries(path: Path) -> list[str]:
@@ -151,11 +136,7 @@ def tune(
     progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda it: it,
 ) -> TuneReport:
     with services.db.read() as s:
-        collection = s.scalar(
-            select(Collection).where(
-                Collection.id == collection_id, Collection.deleted_at.is_(None)
-            )
-        )
+        collection = collections.get_live(s, collection_id)
         if collection is None:
             raise NotFound(f"collection {collection_id} not found")
         tenant_id = collection.tenant_id
@@ -163,7 +144,7 @@ def tune(
     retriever = services.retriever
     # The oracle: exact top-k of every query.
     vectors = services.embedder.embed(queries)
-    truth = services.indexes.search(collection_id, vectors, SearchParams(k=k, exact=True)).hits
+    truth = services.indexes.search(collection_id, vectors, Knobs(k=k, exact=True)).hits
     kind = services.indexes.state(collection_id).kind
     knob, values = sweep_values(kind, k, services.indexes.get(collection_id))
     for q in queries[:5]:  # warm up caches and the cost model
@@ -215,9 +196,7 @@ def tune(
         store(services, collection_id, report)
     else:
         with services.db.write() as s:
-            row = s.get(Collection, collection_id)
-            if row is not None:
-                row.tuning = report.as_dict()
+            collections.set_tuning(s, collection_id, report.as_dict(), None)
     return report
 
 
@@ -235,7 +214,7 @@ def store(services: Services, collection_id: str, report: TuneReport) -> None:
     chosen = report.chosen
     assert chosen is not None
     with services.db.write() as s:
-        row = s.get(Collection, collection_id)
+        row = collections.get_live(s, collection_id)
         if row is None:
             raise NotFound(f"collection {collection_id} not found")
         defaults = dict(row.search_defaults or {})
@@ -245,8 +224,7 @@ def store(services: Services, collection_id: str, report: TuneReport) -> None:
             defaults[chosen.knob] = chosen.value
         if report.budget_ms:
             defaults["budget_ms"] = report.budget_ms
-        row.search_defaults = defaults
-        row.tuning = report.as_dict()
+        collections.set_tuning(s, collection_id, report.as_dict(), defaults)
 
 
 def draw(report: TuneReport, path: Path) -> Path:

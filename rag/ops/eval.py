@@ -20,11 +20,12 @@ Answer metrics (only with answers): token F1 of the generated answer against the
 (SQuAD normalisation: lower case, no punctuation or articles), and citation precision: the
 share of cited passages whose document is relevant to the query, over queries with at least
 one citation. Answers come from an `AnswerFn`; `default_answer_fn` uses the service's ask path
-(`rag.answer`) when it is installed.
+(`rag.answer`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -36,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
-from rag.db.models import Collection, Document
+from rag.answer import AskRequest, Final, ask, collect
+from rag.db import collections, documents
+from rag.db.models import Collection
 from rag.errors import Invalid, NotFound
-from rag.retrieve import Knobs
+from rag.knobs import Knobs
 from rag.services import Services
 
 log = logging.getLogger(__name__)
@@ -208,42 +209,20 @@ def resolve_collection(
 ) -> Collection:
     """A live collection by id, or by name (then unique across tenants unless `tenant`, a
     tenant name, narrows it)."""
-    from rag.db.models import Tenant
-
     with services.db.read() as session:
-        row = session.scalar(
-            select(Collection).where(Collection.id == name_or_id, Collection.deleted_at.is_(None))
-        )
-        if row is not None:
-            return row
-        stmt = select(Collection).where(
-            Collection.name == name_or_id, Collection.deleted_at.is_(None)
-        )
-        if tenant is not None:
-            stmt = stmt.join(Tenant, Tenant.id == Collection.tenant_id).where(Tenant.name == tenant)
-        rows = list(session.scalars(stmt))
-    if not rows:
-        raise NotFound(f"no collection {name_or_id!r}")
-    if len(rows) > 1:
-        raise Invalid(f"{len(rows)} tenants have a collection named {name_or_id!r}: use its id")
-    return rows[0]
+        if tenant is None:
+            row = collections.find(session, name_or_id)
+        else:
+            row = collections.find_in_tenant_named(session, name_or_id, tenant)
+    if row is None:
+        raise NotFound(f"no collection {name_or_id!r} in {services.db.describe()}")
+    return row
 
 
 def corpus_ids(services: Services, collection_id: str) -> dict[str, set[str]]:
     """document id -> the corpus ids it answers to (metadata `_id`, else filename and stem)."""
-    out: dict[str, set[str]] = {}
     with services.db.read() as session:
-        rows = session.execute(
-            select(Document.id, Document.filename, Document.meta).where(
-                Document.collection_id == collection_id, Document.deleted_at.is_(None)
-            )
-        ).all()
-    for doc_id, filename, meta in rows:
-        if meta and meta.get("_id") is not None:
-            out[doc_id] = {str(meta["_id"])}
-        else:
-            out[doc_id] = {filename, Path(filename).stem}
-    return out
+        return documents.corpus_names(session, collection_id)
 
 
 def _ranking(
@@ -294,12 +273,9 @@ def evaluate(
     report = Report(collection.id, k, len(judged), retrieval, notes=notes)
     if answers:
         fn = answer_fn or default_answer_fn()
-        if fn is None:
-            notes.append("answer metrics skipped: the ask path (rag.answer) is not installed")
-        else:
-            report.answers = _answer_metrics(
-                services, collection, queries, qrels, answers, names, fn, progress
-            )
+        report.answers = _answer_metrics(
+            services, collection, queries, qrels, answers, names, fn, progress
+        )
     return report
 
 
@@ -336,20 +312,17 @@ def _answer_metrics(
     }
 
 
-def default_answer_fn() -> AnswerFn | None:
-    """The service's ask path (`rag.answer.answer`, the code behind POST .../ask) at the
-    collection's knobs and the default sampling settings; None when it is not installed."""
-    try:
-        from rag.answer import AskRequest, answer
-    except ImportError:
-        return None
-    import asyncio
-
+def default_answer_fn() -> AnswerFn:
+    """The service's ask path (the code behind POST .../ask) at the collection's knobs and
+    the default sampling settings."""
     loop = asyncio.new_event_loop()  # one loop for the whole run: the engine keeps state
 
+    async def one(services: Services, tenant_id: str, collection_id: str, question: str) -> Final:
+        prep = await ask.prepare(services, tenant_id, collection_id, AskRequest(question))
+        return await collect(services, prep, "ask")
+
     def run(services: Services, tenant_id: str, collection_id: str, question: str) -> Answer:
-        request = AskRequest(question=question)
-        _, final = loop.run_until_complete(answer(services, tenant_id, collection_id, request))
+        final = loop.run_until_complete(one(services, tenant_id, collection_id, question))
         return Answer(final.answer, [c.document_id for c in final.citations])
 
     return run

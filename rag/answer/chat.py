@@ -1,0 +1,45 @@
+"""Plain chat (no retrieval): the caller's messages straight to the generator, through the
+same admission, submission and stream as a grounded answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from rag.answer.generate import Prepared, admit, start
+from rag.deadline import Deadline
+from rag.engine.sequence import SamplingParams
+from rag.errors import Invalid
+
+if TYPE_CHECKING:
+    from rag.services import Services
+
+# Roles the generator's chat template knows; OpenAI's "developer" is its system role.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+async def prepare(
+    services: Services,
+    tenant_id: str,
+    messages: Sequence[tuple[str, str]],
+    params: SamplingParams,
+    budget_ms: float | None,
+) -> Prepared:
+    """`messages` as (role, text); other roles (tools) are left out."""
+    engine = await asyncio.to_thread(lambda: services.engine)
+    admit(engine)
+    chat = [{"role": _ROLES[role], "content": text} for role, text in messages if role in _ROLES]
+    if not any(m["role"] == "user" for m in chat):
+        raise Invalid("messages: at least one user message is needed")
+    if params.max_tokens is None:
+        params = replace(params, max_tokens=services.settings.ask.default_max_tokens)
+    request_id = "chat-" + uuid.uuid4().hex
+    stream = start(engine, chat, params, request_id)
+    return Prepared(
+        tenant_id, "", [], None, Deadline.after_ms(budget_ms), {}, request_id, stream,
+        submitted_at=time.perf_counter(),
+    )  # fmt: skip

@@ -1,0 +1,221 @@
+"""From a submitted generation to the final event: the one loop every answer goes through.
+
+`start` admits and submits (overload refused before any work: HTTP 429); `tokens` drains the
+engine's stream as text pieces, then one `Final`: the deadline stops it (finish reason
+`deadline`), a client that goes away cancels it and frees its KV blocks, markdown images are
+neutralised on the way, and the answer is cited against SQL at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rag.answer.cite import Citation, cite
+from rag.deadline import Deadline
+from rag.engine.protocol import GenerationBackend, Prompt
+from rag.engine.sequence import (
+    EngineError,
+    EngineOverloaded,
+    InvalidRequest,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+)
+from rag.errors import Invalid, Overloaded
+from rag.ops.metrics import observe_stages
+from rag.retrieve import Passage, SearchResult
+
+if TYPE_CHECKING:
+    from rag.services import Services
+
+log = logging.getLogger(__name__)
+
+# How long a cancelled generation may take to report its usage before we stop waiting.
+CANCEL_GRACE_S = 0.5
+NO_USAGE = Usage(0, 0, 0)
+
+
+@dataclass
+class Prepared:
+    """What exists before the first token: the passages given and the running generation."""
+
+    tenant_id: str
+    collection_id: str  # "" for plain chat
+    passages: list[Passage]  # those given to the model, numbered from 1
+    search: SearchResult | None
+    deadline: Deadline
+    timings_ms: dict[str, float]
+    request_id: str
+    stream: AsyncIterator[TokenEvent] | None  # None: answered without the generator
+    canned: str | None = None
+    canned_reason: str | None = None
+    submitted_at: float = 0.0
+    prompt_tokens: int = 0
+
+
+@dataclass
+class Final:
+    answer: str
+    citations: list[Citation]
+    usage: Usage
+    timings_ms: dict[str, float]
+    finish_reason: str  # stop | length | deadline | cancelled | error | no_passages | not_indexed
+
+
+def admit(engine: GenerationBackend) -> None:
+    """Refuse at once when the generator is full (HTTP 429)."""
+    if not engine.has_room():
+        log.warning("generation refused: the generator is full")
+        raise Overloaded("the generator's queue is full", retry_after_s=1.0)
+
+
+def start(
+    engine: GenerationBackend, prompt: Prompt, params: SamplingParams, request_id: str
+) -> AsyncIterator[TokenEvent]:
+    """Submit, with the engine's refusals as the domain's errors (429, 422)."""
+    try:
+        return engine.submit(prompt, params, request_id)
+    except EngineOverloaded as exc:
+        raise Overloaded(str(exc), retry_after_s=exc.retry_after_s) from None
+    except InvalidRequest as exc:
+        raise Invalid(str(exc)) from None
+
+
+def cancel(services: Services, prep: Prepared) -> None:
+    """Free a generation's KV blocks now; harmless when it already finished."""
+    if prep.stream is not None:
+        services.engine.cancel(prep.request_id)
+
+
+async def tokens(services: Services, prep: Prepared, op: str) -> AsyncGenerator[str | Final, None]:
+    """The answer's text as it is written, then one Final (its stages recorded under `op`).
+    Closing this iterator early (a client that went away) cancels the generation."""
+    if prep.stream is None:
+        text = prep.canned or ""
+        yield text
+        final = Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
+        observe_stages(op, final.timings_ms)
+        yield final
+        return
+    engine = services.engine
+    pieces: list[str] = []
+    usage = Usage(prep.prompt_tokens, 0, 0)
+    reason = "stop"
+    first_at: float | None = None
+    engine_stages: dict[str, float] = {}
+    links = _ImageFilter()
+    it = prep.stream.__aiter__()
+    finished = False
+    try:
+        while True:
+            timeout = None
+            if prep.deadline.bounded:
+                timeout = max(0.0, prep.deadline.remaining_ms() / 1000.0)
+            try:
+                ev = await asyncio.wait_for(it.__anext__(), timeout)
+            except StopAsyncIteration:
+                finished = True
+                break
+            except TimeoutError:
+                reason = "deadline"
+                engine.cancel(prep.request_id)
+                usage = await _usage_after_cancel(it, usage)
+                finished = True
+                break
+            if ev.text:
+                if first_at is None:
+                    first_at = time.perf_counter()
+                shown = links.feed(ev.text)
+                if shown:
+                    pieces.append(shown)
+                    yield shown
+            if ev.finished:
+                finished = True
+                reason = str(ev.finish_reason)
+                if ev.usage is not None:
+                    usage = ev.usage
+                    # The engine's split of the time to first token, when it gives one.
+                    split = (("queue", usage.queue_ms), ("prefill", usage.prefill_ms))
+                    engine_stages = {stage: ms for stage, ms in split if ms is not None}
+                break
+    except EngineError as exc:
+        log.warning("generation %s failed: %s", prep.request_id, type(exc).__name__)
+        reason = "error"
+        finished = True
+    finally:
+        if not finished:  # the caller went away: free the KV blocks now
+            engine.cancel(prep.request_id)
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+    tail = links.flush()
+    if tail:
+        pieces.append(tail)
+        yield tail
+    now = time.perf_counter()
+    timings = dict(prep.timings_ms)
+    timings.update(engine_stages)
+    if first_at is not None:
+        timings["first_token"] = round((first_at - prep.submitted_at) * 1000.0, 3)
+    timings["generate"] = round((now - prep.submitted_at) * 1000.0, 3)
+    answer = "".join(pieces)
+    t = time.perf_counter()
+    citations = await asyncio.to_thread(
+        cite, services.db, prep.tenant_id, prep.collection_id, prep.passages, answer
+    )
+    timings["cite"] = _ms(t)
+    timings["total"] = round(prep.deadline.elapsed_ms(), 3)
+    final = Final(answer, citations, usage, timings, reason)
+    observe_stages(op, final.timings_ms)
+    yield final
+
+
+async def collect(services: Services, prep: Prepared, op: str) -> Final:
+    """The whole answer at once. A caller that goes away meanwhile cancels it too."""
+    final: Final | None = None
+    async with contextlib.aclosing(tokens(services, prep, op)) as stream:
+        async for item in stream:
+            if isinstance(item, Final):
+                final = item
+    assert final is not None  # tokens() always ends with one
+    return final
+
+
+async def _usage_after_cancel(it: AsyncIterator[TokenEvent], usage: Usage) -> Usage:
+    """A cancelled request still reports its usage on its last event; wait briefly."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(CANCEL_GRACE_S):
+            async for ev in it:
+                if ev.finished and ev.usage is not None:
+                    return ev.usage
+    return usage
+
+
+class _ImageFilter:
+    """Neutralise markdown images in the streamed answer ("![" → "["), holding back a
+    trailing "!" until the next piece shows whether an image starts there."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        text = (self._held + text).replace("![", "[")
+        self._held = ""
+        if text.endswith("!"):
+            self._held, text = "!", text[:-1]
+        return text
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000.0, 3)

@@ -1,0 +1,198 @@
+"""Chunks: the passages of indexed documents, their character spans and vectors.
+
+Every read that can reach a caller joins the chunk's document and checks its tenant and
+tombstone, so an index that lags the record can never leak a deleted or foreign chunk.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import Connection, Row, Select, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from rag.db import documents
+from rag.db import vectors as vector_codec
+from rag.db.models import Chunk, Document
+from rag.errors import Invalid
+
+MetaValue = str | int | float | bool
+
+# Only what a passage shows: the chunk's vector stays in the database. Built once: every
+# search runs it, and building a statement costs more than running it on SQLite.
+_HYDRATE = (
+    select(
+        Chunk.id,
+        Chunk.document_id,
+        Chunk.ordinal,
+        Chunk.text,
+        Chunk.start_char,
+        Chunk.end_char,
+        Document.filename,
+        Document.meta.label("meta"),
+    )
+    .join(Document, Document.id == Chunk.document_id)
+    .where(
+        Chunk.id.in_(bindparam("ids", expanding=True)),
+        Chunk.collection_id == bindparam("cid"),
+        Chunk.tenant_id == bindparam("tenant"),
+        Document.tenant_id == bindparam("tenant"),
+        Document.deleted_at.is_(None),
+    )
+)
+
+
+def hydrate(
+    conn: Connection, tenant_id: str, collection_id: str, ids: Sequence[int]
+) -> dict[int, Row[Any]]:
+    """The visible chunks among `ids`, by id (id, document_id, ordinal, text, start_char,
+    end_char, filename, meta). On a bare connection: it runs in every search."""
+    if not ids:
+        return {}
+    rows = conn.execute(_HYDRATE, {"ids": list(ids), "cid": collection_id, "tenant": tenant_id})
+    return {row.id: row for row in rows}
+
+
+def visible_ids(
+    session: Session, tenant_id: str, collection_id: str, ids: Sequence[int]
+) -> set[int]:
+    """The chunks among `ids` the tenant may still see in this collection (right before they
+    are cited)."""
+    if not ids:
+        return set()
+    return set(
+        session.scalars(
+            select(Chunk.id)
+            .join(Document, Document.id == Chunk.document_id)
+            .where(
+                Chunk.id.in_(list(ids)),
+                Chunk.tenant_id == tenant_id,
+                Chunk.collection_id == collection_id,
+                Document.tenant_id == tenant_id,
+                Document.collection_id == collection_id,
+                Document.deleted_at.is_(None),
+            )
+        )
+    )
+
+
+def list_page(
+    session: Session, tenant_id: str, document_id: str, *, limit: int, offset: int
+) -> list[Chunk]:
+    documents.get(session, tenant_id, document_id)
+    stmt = (
+        select(Chunk)
+        .where(Chunk.document_id == document_id, Chunk.tenant_id == tenant_id)
+        .order_by(Chunk.ordinal)
+        .offset(offset)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def allowed_ids(
+    session: Session,
+    collection_id: str,
+    document_ids: Sequence[str] | None,
+    metadata: Mapping[str, MetaValue] | None,
+) -> set[int]:
+    """Chunk ids a search filter allows, resolved in SQL; the index filters inside its
+    search."""
+    stmt = (
+        select(Chunk.id)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.collection_id == collection_id, Document.deleted_at.is_(None))
+    )
+    if document_ids:
+        stmt = stmt.where(Document.id.in_(list(document_ids)))
+    for key, value in (metadata or {}).items():
+        field_ = Document.meta[key]
+        known = session.scalar(
+            select(Document.id)
+            .where(Document.collection_id == collection_id, field_.as_string().is_not(None))
+            .limit(1)
+        )
+        if known is None:
+            raise Invalid(f"no document in this collection has the metadata key {key!r}")
+        if isinstance(value, bool):
+            stmt = stmt.where(field_.as_boolean() == value)
+        elif isinstance(value, int):
+            stmt = stmt.where(field_.as_integer() == value)
+        elif isinstance(value, float):
+            stmt = stmt.where(field_.as_float() == value)
+        else:
+            stmt = stmt.where(field_.as_string() == value)
+    return set(session.scalars(stmt))
+
+
+def count(session: Session, collection_id: str) -> int:
+    """Chunk rows of the collection (tombstoned documents' included: an index sizing hint)."""
+    stmt = select(func.count(Chunk.id)).where(Chunk.collection_id == collection_id)
+    return int(session.scalar(stmt) or 0)
+
+
+def _live_vectors_query(model_id: str) -> Select[int, bytes]:
+    """Ids and vectors of chunks whose document is not tombstoned, embedded with `model_id`."""
+    return (
+        select(Chunk.id, Chunk.embedding)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Document.deleted_at.is_(None), Chunk.embedding_model == model_id)
+    )
+
+
+def live_vectors(
+    session: Session, collection_id: str, model_id: str, dim: int, batch: int
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
+    """Every live chunk's vector, in batches of `batch` (ids, [n, dim])."""
+    query = (
+        _live_vectors_query(model_id)
+        .where(Chunk.collection_id == collection_id)
+        .order_by(Chunk.id)
+        .execution_options(yield_per=batch)
+    )
+    rows: list[tuple[int, bytes]] = []
+    for row in session.execute(query):
+        rows.append((row[0], row[1]))
+        if len(rows) >= batch:
+            yield vector_codec.decode_rows(rows, dim)
+            rows = []
+    if rows:
+        yield vector_codec.decode_rows(rows, dim)
+
+
+def vectors_of(
+    session: Session, collection_id: str, model_id: str, dim: int, ids: Sequence[int]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The live chunks among `ids` with their vectors (the others are gone or tombstoned)."""
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+    rows = session.execute(
+        _live_vectors_query(model_id).where(
+            Chunk.id.in_(list(ids)), Chunk.collection_id == collection_id
+        )
+    )
+    return vector_codec.decode_rows(((r[0], r[1]) for r in rows), dim)
+
+
+def sample_texts(session: Session, collection_id: str, n: int, seed: int = 0) -> list[str]:
+    """The texts of up to `n` chunks drawn at random (seeded) from the collection."""
+    total = count(session, collection_id)
+    if total == 0:
+        return []
+    offsets = sorted(random.Random(seed).sample(range(total), min(n, total)))
+    texts = []
+    for off in offsets:
+        text = session.scalar(
+            select(Chunk.text)
+            .where(Chunk.collection_id == collection_id)
+            .order_by(Chunk.id)
+            .offset(off)
+            .limit(1)
+        )
+        if text:
+            texts.append(text)
+    return texts

@@ -1,0 +1,40 @@
+"""Embedders: text in, L2-normalised float32 vectors out.
+
+`SentenceTransformerEmbedder` wraps the bundled all-MiniLM-L6-v2 (or any sentence-transformers
+folder) and embeds search queries on its query lane with ONNX Runtime; `HashEmbedder` is a
+deterministic, model-free embedder for tests that are about something other than embedding
+quality.
+"""
+
+from __future__ import annotations
+
+from rag.config import EmbedSettings
+from rag.embed.base import Embedder, Span, normalize, split_rows
+from rag.embed.fake import HashEmbedder
+from rag.embed.lane import QueryLane
+from rag.embed.onnx import OnnxQueryEncoder
+from rag.embed.sentence import SentenceTransformerEmbedder
+
+__all__ = [
+    "Embedder",
+    "HashEmbedder",
+    "OnnxQueryEncoder",
+    "QueryLane",
+    "SentenceTransformerEmbedder",
+    "Span",
+    "build_embedder",
+    "normalize",
+    "split_rows",
+]
+
+
+def build_embedder(settings: EmbedSettings) -> Embedder:
+    if settings.backend == "hash":
+        return HashEmbedder(settings.hash_dim)
+    return SentenceTransformerEmbedder(
+        settings.model_path,
+        device=settings.device,
+        batch_size=settings.batch_size,
+        query_threads=settings.query_threads,
+        query_backend=settings.query_backend,
+    )

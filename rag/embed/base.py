@@ -1,0 +1,42 @@
+"""The embedder seam: text in, L2-normalised float32 vectors out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+# A token's character span in the text it came from.
+Span = tuple[int, int]
+
+
+class Embedder(Protocol):
+    model_id: str
+    dim: int
+    # Content tokens the model reads before it truncates (special tokens excluded).
+    max_tokens: int
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Return an array [len(texts), dim] of unit vectors."""
+        ...
+
+    def token_spans(self, text: str) -> list[Span]:
+        """The character span of every token the model would see, in order."""
+        ...
+
+
+def normalize(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (vectors / norms).astype(np.float32, copy=False)
+
+
+def split_rows(
+    vectors: npt.NDArray[np.float32], counts: Sequence[int]
+) -> list[npt.NDArray[np.float32]]:
+    """One encode call's rows handed back per caller: the first counts[0] rows, the next
+    counts[1], and so on."""
+    bounds = np.cumsum([0, *counts])
+    return [vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

