@@ -22,8 +22,9 @@ from ingest.chunk import chunk_text
 from ingest.isolate import parse_isolated
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
-from rag.db import Database, jobs
-from rag.db.jobs import ChunkRow, ClaimedJob
+from rag.db import Database, ingested, jobs
+from rag.db.ingested import ChunkRow
+from rag.db.jobs import ClaimedJob
 from rag.embed import Embedder, split_rows
 from rag.errors import ParseError, UnsupportedMediaType
 
@@ -127,11 +128,11 @@ class Pipeline:
         """The whole batch in one transaction; if that fails, each job on its own, so one
         job's problem fails that job alone."""
         batch = [
-            jobs.Finished(job, c.text, c.chunks, v)
+            ingested.Finished(job, c.text, c.chunks, v)
             for (job, c), v in zip(ready, vectors, strict=True)
         ]
         try:
-            states = jobs.complete_many(self.db, batch, self.embedder.model_id)
+            states = ingested.complete_many(self.db, batch, self.embedder.model_id)
         except Exception:
             log.exception("writing a batch of %d jobs failed; writing them one by one", len(batch))
             for item in batch:
@@ -144,9 +145,9 @@ class Pipeline:
             else:
                 log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
 
-    def _write_one(self, item: jobs.Finished, still_ours: Callable[[], None]) -> str:
+    def _write_one(self, item: ingested.Finished, still_ours: Callable[[], None]) -> str:
         still_ours()
-        state = jobs.complete(
+        state = ingested.complete(
             self.db,
             item.job,
             text=item.text,

@@ -8,20 +8,15 @@ worker took over) cannot write anything.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.orm import Session
 
-from rag.db import vectors as vector_codec
-from rag.db.locks import lock_collection
-from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
+from rag.db.models import Blob, Collection, Document, IngestJob, now
 from rag.db.session import Database
 from rag.errors import NotFound
 
@@ -50,15 +45,6 @@ class JobInput:
     embedding_dim: int
     chunk_tokens: int
     chunk_overlap: int
-
-
-@dataclass(frozen=True)
-class ChunkRow:
-    ordinal: int
-    text: str
-    start_char: int
-    end_char: int
-    token_count: int
 
 
 def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
@@ -163,12 +149,14 @@ def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:
     t = now()
     with db.write() as session:
         result = session.execute(
-            update(IngestJob).where(_ours(job)).values(lease_expires_at=t + lease_s, updated_at=t)
+            update(IngestJob).where(ours(job)).values(lease_expires_at=t + lease_s, updated_at=t)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def _ours(job: ClaimedJob) -> ColumnElement[bool]:
+def ours(job: ClaimedJob) -> ColumnElement[bool]:
+    """The job's row while `job`'s lease still holds it: every write after a claim fences on
+    this, so a worker whose lease expired writes nothing."""
     return and_(
         IngestJob.id == job.id,
         IngestJob.state == "running",
@@ -203,111 +191,17 @@ def load_input(db: Database, job: ClaimedJob) -> JobInput | None:
 def set_status(db: Database, held: list[ClaimedJob], status: str) -> None:
     """One transaction for a batch; jobs whose lease was lost are left alone."""
     with db.write() as session:
-        ours = [
+        held_docs = [
             job.document_id
             for job in held
-            if session.scalar(select(IngestJob.id).where(_ours(job))) is not None
+            if session.scalar(select(IngestJob.id).where(ours(job))) is not None
         ]
-        if ours:
+        if held_docs:
             session.execute(
                 update(Document)
-                .where(Document.id.in_(ours), Document.deleted_at.is_(None))
+                .where(Document.id.in_(held_docs), Document.deleted_at.is_(None))
                 .values(status=status, updated_at=now())
             )
-
-
-def chunk_uid(document_id: str, row: ChunkRow) -> str:
-    key = f"{document_id}:{row.ordinal}:{row.start_char}:{row.end_char}"
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A job ready to be written: its text, chunks and their vectors."""
-
-    job: ClaimedJob
-    text: str
-    chunks: Sequence[ChunkRow]
-    vectors: npt.NDArray[np.float32]
-
-
-def complete(
-    db: Database,
-    job: ClaimedJob,
-    *,
-    text: str,
-    chunks: Sequence[ChunkRow],
-    vectors: npt.NDArray[np.float32],
-    embedding_model: str,
-) -> str:
-    """One transaction: chunks with their vectors, change-log rows, document indexed, job
-    done. Returns the job's final state."""
-    state = complete_many(db, [Finished(job, text, chunks, vectors)], embedding_model)[job.id]
-    if state == "lost":
-        raise LeaseLost(job.id)
-    return state
-
-
-def complete_many(db: Database, batch: Sequence[Finished], embedding_model: str) -> dict[str, str]:
-    """Write a batch of jobs in one transaction (one commit for the batch). Each job is still
-    fenced on its own lease: a job whose lease was lost is skipped ("lost") and the others are
-    written. Returns each job's final state: done, cancelled or lost."""
-    states: dict[str, str] = {}
-    with db.write() as session:
-        # Collection rows locked in one order, so two workers cannot deadlock.
-        for collection_id in sorted({f.job.collection_id for f in batch}):
-            lock_collection(session, collection_id)
-        for item in batch:
-            states[item.job.id] = _write_job(session, item, embedding_model)
-    return states
-
-
-def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
-    job = item.job
-    job_row = session.scalar(select(IngestJob).where(_ours(job)))
-    if job_row is None:
-        return "lost"
-    doc = session.get(Document, job.document_id)
-    t = now()
-    if doc is None or doc.deleted_at is not None:
-        job_row.state, job_row.error = "cancelled", "document deleted"
-        job_row.finished_at = job_row.updated_at = t
-        job_row.lease_owner = None
-        return "cancelled"
-    blobs = vector_codec.encode_rows(item.vectors)
-    rows = [
-        Chunk(
-            uid=chunk_uid(doc.id, c),
-            document_id=doc.id,
-            collection_id=doc.collection_id,
-            tenant_id=doc.tenant_id,
-            ordinal=c.ordinal,
-            text=c.text,
-            start_char=c.start_char,
-            end_char=c.end_char,
-            token_count=c.token_count,
-            embedding=blobs[i],
-            embedding_model=embedding_model,
-        )
-        for i, c in enumerate(item.chunks)
-    ]
-    session.add_all(rows)
-    session.flush()
-    session.add_all(
-        ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
-        for r in rows
-    )
-    doc.text = item.text
-    doc.status = "indexed"
-    doc.chunk_count = len(rows)
-    doc.error = None
-    doc.indexed_at = doc.updated_at = t
-    job_row.state = "done"
-    job_row.error = None
-    job_row.finished_at = job_row.updated_at = t
-    job_row.lease_owner = None
-    job_row.lease_expires_at = None
-    return "done"
 
 
 def fail(
@@ -321,7 +215,7 @@ def fail(
 ) -> str:
     """Retry later with exponential backoff, or end the job `failed` with its reason."""
     with db.write() as session:
-        job_row = session.scalar(select(IngestJob).where(_ours(job)))
+        job_row = session.scalar(select(IngestJob).where(ours(job)))
         if job_row is None:
             raise LeaseLost(job.id)
         if permanent or job_row.attempts >= job_row.max_attempts:
@@ -367,7 +261,7 @@ def queue_depth(db: Database) -> dict[str, int]:
 
 def cancel(db: Database, job: ClaimedJob, reason: str) -> None:
     with db.write() as session:
-        job_row = session.scalar(select(IngestJob).where(_ours(job)))
+        job_row = session.scalar(select(IngestJob).where(ours(job)))
         if job_row is None:
             raise LeaseLost(job.id)
         t = now()

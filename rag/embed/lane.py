@@ -51,8 +51,13 @@ class QueryLane:
         self._inbox.put((texts, done))
         return done
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop after what is queued, and wait for the thread: one still inside ONNX Runtime
+        or torch when the interpreter exits aborts the process ("terminate called without an
+        active exception", seen at the end of `rag ingest`)."""
         self._inbox.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     def _run(self, threads: int, ready: threading.Event) -> None:
         import torch

@@ -138,3 +138,15 @@ def test_wrong_keys_are_not_cached(api: Api) -> None:
         assert api.client.get("/v1/collections", headers=headers).status_code == 401
     assert api.client.get("/v1/collections", headers=api.a).status_code == 200
     assert len(api.services.key_cache._entries) <= 3  # tenant a's, and the admin's
+
+
+def test_models_lists_collections_by_name_unless_the_name_is_taken(sqlite_api: Api) -> None:
+    """What clients such as the `openai` library show is the model id: a collection is listed
+    under its name, and under its id where the name means something else here."""
+    api = sqlite_api
+    harbour = api.collection(api.a, name="harbour")
+    clash = api.collection(api.a, name="smollm2")  # the generator's own model name
+    data = api.client.get("/v1/models", headers=api.a).json()["data"]
+    listed = {m["collection_id"]: m["id"] for m in data if m["kind"] == "collection"}
+    assert listed == {harbour: "harbour", clash: clash}
+    assert [m["id"] for m in data if m["kind"] == "generator"] == ["smollm2"]

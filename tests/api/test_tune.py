@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rag.ops import tune
 from rag.db.models import Collection
+from rag.ops import tune
 from tests.conftest import Api
 
 WORDS = (

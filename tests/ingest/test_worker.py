@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from ingest.pipeline import Pipeline
 from ingest.worker import Worker
 from rag.config import IngestSettings
-from rag.db import Database, collections, documents, jobs
+from rag.db import Database, collections, documents, ingested, jobs
 from rag.db.jobs import LeaseLost
 from rag.db.models import Chunk, Document, IngestJob, Tenant
 from rag.embed import HashEmbedder
@@ -83,7 +83,7 @@ def test_claim_takes_a_job_once_and_expired_leases_are_taken_over(db: Database) 
     assert second is not None and second.id == job_id and second.attempt == 2
     # The first worker's lease is gone: it can write nothing.
     with pytest.raises(LeaseLost):
-        jobs.complete(
+        ingested.complete(
             db,
             first,
             text="x",
@@ -275,7 +275,8 @@ def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
 def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
     from sqlalchemy import update
 
-    from rag.db.jobs import ChunkRow, Finished, claim_many, complete_many
+    from rag.db.ingested import ChunkRow, Finished, complete_many
+    from rag.db.jobs import claim_many
 
     emb = HashEmbedder()
     cid = _collection(db, emb)
@@ -300,7 +301,7 @@ def test_a_batch_write_skips_a_job_whose_lease_was_lost(db: Database) -> None:
 def test_a_failed_batch_write_falls_back_to_one_job_at_a_time(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rag.db import jobs as jobs_module
+    from rag.db import ingested as jobs_module
 
     emb = HashEmbedder()
     cid = _collection(db, emb)
