@@ -28,7 +28,6 @@ from rag.engine.sequence import (
     Usage,
 )
 from rag.errors import Invalid, Overloaded
-from rag.ops.metrics import observe_stages
 from rag.retrieve import Passage, SearchResult
 
 if TYPE_CHECKING:
@@ -93,15 +92,13 @@ def cancel(services: Services, prep: Prepared) -> None:
         services.engine.cancel(prep.request_id)
 
 
-async def tokens(services: Services, prep: Prepared, op: str) -> AsyncGenerator[str | Final, None]:
-    """The answer's text as it is written, then one Final (its stages recorded under `op`).
+async def tokens(services: Services, prep: Prepared) -> AsyncGenerator[str | Final, None]:
+    """The answer's text as it is written, then one Final (with the time of each stage).
     Closing this iterator early (a client that went away) cancels the generation."""
     if prep.stream is None:
         text = prep.canned or ""
         yield text
-        final = Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
-        observe_stages(op, final.timings_ms)
-        yield final
+        yield Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
         return
     engine = services.engine
     pieces: list[str] = []
@@ -172,15 +169,13 @@ async def tokens(services: Services, prep: Prepared, op: str) -> AsyncGenerator[
     )
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
-    final = Final(answer, citations, usage, timings, reason)
-    observe_stages(op, final.timings_ms)
-    yield final
+    yield Final(answer, citations, usage, timings, reason)
 
 
-async def collect(services: Services, prep: Prepared, op: str) -> Final:
+async def collect(services: Services, prep: Prepared) -> Final:
     """The whole answer at once. A caller that goes away meanwhile cancels it too."""
     final: Final | None = None
-    async with contextlib.aclosing(tokens(services, prep, op)) as stream:
+    async with contextlib.aclosing(tokens(services, prep)) as stream:
         async for item in stream:
             if isinstance(item, Final):
                 final = item

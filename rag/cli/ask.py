@@ -113,7 +113,7 @@ async def _in_process(args: argparse.Namespace, body: dict[str, Any]) -> int:
         )
         prep = await ask.prepare(services, row.tenant_id, row.id, req)
         passages = [asdict(p) for p in prep.passages]
-        async for item in tokens(services, prep, "ask"):
+        async for item in tokens(services, prep):
             if isinstance(item, Final):
                 final = asdict(item)
                 final["usage"] = {

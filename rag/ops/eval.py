@@ -319,7 +319,7 @@ def default_answer_fn() -> AnswerFn:
 
     async def one(services: Services, tenant_id: str, collection_id: str, question: str) -> Final:
         prep = await ask.prepare(services, tenant_id, collection_id, AskRequest(question))
-        return await collect(services, prep, "ask")
+        return await collect(services, prep)
 
     def run(services: Services, tenant_id: str, collection_id: str, question: str) -> Answer:
         final = loop.run_until_complete(one(services, tenant_id, collection_id, question))

@@ -26,6 +26,7 @@ from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut, passages_out
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
+from rag.ops.metrics import observe_stages
 from rag.retrieve import Filter
 from rag.services import Services
 
@@ -96,7 +97,8 @@ async def ask(
     answer comes as server-sent events: `passages`, then `token`s, then `final`."""
     prep = await prepare_answer(services, principal.tenant_id, collection_id, ask_request(body))
     if not body.stream:
-        final = await collect(services, prep, "ask")
+        final = await collect(services, prep)
+        observe_stages("ask", final.timings_ms)
         return AskOut(passages=passages_out(prep.passages), **final_out(prep, final))
     # Harmless when the generation already finished; frees it when the body never ran.
     cleanup = BackgroundTask(cancel, services, prep)
@@ -110,12 +112,13 @@ async def ask(
 
 async def _events(services: Services, prep: Prepared, request: Request) -> AsyncIterator[bytes]:
     watcher = asyncio.create_task(_watch_disconnect(request, services, prep))
-    stream = tokens(services, prep, "ask")
+    stream = tokens(services, prep)
     try:
         passages = [p.model_dump() for p in passages_out(prep.passages)]
         yield sse("passages", {"passages": passages})
         async for item in stream:
             if isinstance(item, Final):
+                observe_stages("ask", item.timings_ms)
                 yield sse("final", final_out(prep, item))
             else:
                 yield sse("token", {"text": item})

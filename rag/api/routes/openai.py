@@ -39,6 +39,7 @@ from rag.db.models import Collection
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid, NotFound
 from rag.knobs import Knobs
+from rag.ops.metrics import observe_stages
 from rag.services import Services
 
 router = APIRouter(tags=["openai"])
@@ -123,7 +124,8 @@ async def chat_completions(
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if not body.stream:
-        final = await collect(services, prep, "chat")
+        final = await collect(services, prep)
+        observe_stages("chat", final.timings_ms)
         return {
             "id": cid,
             "object": "chat.completion",
@@ -163,13 +165,14 @@ async def _chunks(
         }
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
-    stream = tokens(services, prep, "chat")
+    stream = tokens(services, prep)
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for item in stream:
             if not isinstance(item, Final):
                 yield chunk({"content": item})
                 continue
+            observe_stages("chat", item.timings_ms)
             reason = _REASONS.get(item.finish_reason, "stop")
             yield chunk({}, reason, **_extras(prep, item), usage=_usage(item))
             if include_usage:
