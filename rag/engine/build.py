@@ -19,6 +19,8 @@ from rag.engine.tokenizer import HFTokenizer
 if TYPE_CHECKING:
     import torch
 
+    from rag.engine.quant import WeightFormat
+
 logger = logging.getLogger(__name__)
 
 
@@ -46,18 +48,33 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_weights(name: str, device: torch.device, have_kernels: bool) -> WeightFormat:
+    """auto: int4 on a CPU with the compiled kernels (measured in bench/README.md: the
+    fastest decode, and for the bundled GGUF the same weights as its float32 dequantization),
+    else bfloat16."""
+    if name != "auto":
+        return name  # type: ignore[return-value]
+    return "int4" if device.type == "cpu" and have_kernels else "bfloat16"
+
+
 def build_local_engine(settings: EngineSettings) -> Engine:
     """Load the model, size the KV cache and wire scheduler, block manager and runner."""
     import torch
 
+    from rag.engine.kernels import kernels
     from rag.engine.loader import load_model
+    from rag.engine.quant import fused_decode
     from rag.engine.runner import KVCacheSpec, ModelRunner, kv_bytes_per_block
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    loaded = load_model(settings.model_path, settings.cache_dir, device, dtype)
+    compiled = kernels() if device.type == "cpu" else None
+    weights = resolve_weights(settings.weights, device, compiled is not None)
+    loaded = load_model(settings.model_path, settings.cache_dir, device, dtype, weights, compiled)
+    if settings.fused_decode:
+        loaded.model.fuse_decode(fused_decode(loaded.model, compiled))
     cfg = loaded.config
     max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
     bs = settings.block_size
@@ -67,8 +84,8 @@ def build_local_engine(settings: EngineSettings) -> Engine:
     # A lone sequence of max_model_len must always fit, or it could never finish.
     max_model_len = min(max_model_len, num_blocks * bs - 1)
     logger.info(
-        "engine: %s %s, %d KV blocks of %d tokens, context %d",
-        device, dtype, num_blocks, bs, max_model_len,
+        "engine: %s, activations %s, weights %s, %d KV blocks of %d tokens, context %d",
+        device, dtype, weights, num_blocks, bs, max_model_len,
     )  # fmt: skip
     runner = ModelRunner(
         loaded.model,

@@ -25,7 +25,14 @@ class EngineSettings(BaseModel):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="auto = float32 on CPU, bfloat16 on CUDA."
+        default="auto",
+        description="Activations and KV cache. auto = float32 on CPU, bfloat16 on CUDA.",
+    )
+    weights: Literal["auto", "float32", "bfloat16", "int8", "int4"] = Field(
+        default="auto",
+        description="The linears' weight format (rag.engine.quant). auto = int4 on CPU (the "
+        "bundled GGUF's own Q4_1 groups: decode reads an eighth of float32's bytes, prefill a "
+        "bfloat16 copy), bfloat16 on CUDA.",
     )
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
     block_size: int = Field(default=16, ge=1, le=1024)
@@ -44,6 +51,12 @@ class EngineSettings(BaseModel):
         default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
     )
     enable_prefix_caching: bool = True
+    fused_decode: bool = Field(
+        default=True,
+        description="On CPU with int weights and float32 activations, run the decoder layers "
+        "of a step of single tokens in one compiled call (rag/engine/csrc/decode.cpp) rather "
+        "than as thirty layers of small torch ops.",
+    )
     cpu_attention_kernel: bool = Field(
         default=True,
         description="On CPU in float32, attend decode tokens with ragserve's compiled "

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from rag.engine.model import LlamaModel, ModelConfig
+from rag.engine.quant import WeightFormat, apply_weight_format
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,15 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(
-    model_path: str | None, cache_dir: str | None, device: torch.device, dtype: torch.dtype
+    model_path: str | None,
+    cache_dir: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: WeightFormat = "float32",
+    kernels: Any | None = None,
 ) -> LoadedModel:
+    """The model with activations (and KV cache) in `dtype` and its linears in the weight
+    format `weights` (rag.engine.quant), on `device`."""
     from transformers import AutoTokenizer
 
     folder = resolve_folder(model_path, cache_dir)
@@ -123,8 +131,18 @@ def load_model(
     cfg = ModelConfig.from_hf(hf_cfg)
     with torch.device("meta"):
         model = LlamaModel(cfg)
-    sd = {k: v.to(dtype) for k, v in _read_state_dict(folder).items()}
-    model.load_hf_state_dict(sd)
+    plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weights)
+    if plain == dtype:
+        # Dense weights in the activations' dtype: the plain model.
+        model.load_hf_state_dict({k: v.to(dtype) for k, v in _read_state_dict(folder).items()})
+    else:
+        # Packed from float32 on the CPU, then moved: weights that came from a GGUF are
+        # quantized from their exact dequantized values.
+        model.load_hf_state_dict({k: v.float() for k, v in _read_state_dict(folder).items()})
+        apply_weight_format(model, weights, dtype, kernels)
+    for param in model.parameters():  # what is left: the norms (and biases of plain linears)
+        param.data = param.data.to(dtype)
+    model.act_dtype = dtype
     model = model.to(device=device).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     eos = list(cfg.eos_token_ids)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -264,6 +264,25 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class Table(Protocol):
+    """The embedding table or output matrix in some weight format (rag.engine.quant)."""
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+    def logits(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class FusedDecode:
+    """The compiled decode step (rag.engine.kernels.decode_layers) and the layers' weights as
+    it reads them: 15 tensors a layer, in the order csrc/decode.cpp names."""
+
+    kernels: Any
+    tensors: list[torch.Tensor]
+    bits: int
+    group: int
+    max_rows: int
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -275,12 +294,29 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # The dtype of activations and of the KV cache; weights may be stored otherwise.
+        self.act_dtype = torch.float32
+        self.weight_format = "float32"
+        # Set by a weight format (rag.engine.quant); None: embed_tokens and lm_head as they are.
+        self._input_table: Table | None = None
+        self._output_table: Table | None = None
+        self._fused: FusedDecode | None = None
+
+    def set_tables(self, input_table: Table, output_table: Table) -> None:
+        """Embed and score through these (a weight format's tables) from now on; the float
+        embedding and output matrices are released."""
+        self._input_table, self._output_table = input_table, output_table
+        del self.embed_tokens, self.lm_head
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        dtype = self.embed_tokens.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return emb.cos().to(self.act_dtype), emb.sin().to(self.act_dtype)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._input_table is not None:
+            return self._input_table.rows(input_ids, self.act_dtype)
+        return self.embed_tokens(input_ids).to(self.act_dtype)
 
     def forward(
         self,
@@ -289,13 +325,31 @@ class LlamaModel(nn.Module):
         kv_caches: torch.Tensor,  # [num_layers, 2, NB, Hkv, BS, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, E]
+        x = self.embed(input_ids)  # [T, E]
         cos, sin = self.rope(positions)
+        fused = self._fused
+        if fused is not None and meta.num_decodes == x.shape[0] <= fused.max_rows:
+            # Every sequence brings one token: the layers in one compiled call.
+            assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+            x = fused.kernels.decode_layers(
+                x.contiguous(), cos, sin, kv_caches, meta.kv_rows, meta.decode_block_tables,
+                meta.decode_context_lens, fused.tensors, fused.bits, fused.group,
+                self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
+                self.cfg.rms_norm_eps, self.cfg.head_dim**-0.5,
+            )  # fmt: skip
+            return self.norm(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_caches[i], meta)
         return self.norm(x)  # [T, E]
 
+    def fuse_decode(self, fused: FusedDecode | None) -> None:
+        """Run decode steps of up to `fused.max_rows` sequences through compiled kernels
+        (rag.engine.quant.fused_decode builds it); None: through the layers."""
+        self._fused = fused
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._output_table is not None:
+            return self._output_table.logits(hidden)  # [S, V] float32
         return self.lm_head(hidden).float()  # [S, V]
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
@@ -328,3 +382,4 @@ class LlamaModel(nn.Module):
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.inv_freq = rope_inv_freq(self.cfg).to(self.embed_tokens.weight.device)
+        self.act_dtype = self.embed_tokens.weight.dtype

@@ -43,7 +43,7 @@ class ModelRunner:
         self.device = device
         self.block_size = spec.block_size
         cfg = model.cfg
-        dtype = model.embed_tokens.weight.dtype
+        dtype = model.act_dtype
         # kv_caches: [num_layers, 2, NB, Hkv, BS, D]
         self.kv_caches = torch.zeros(
             cfg.num_layers, 2, spec.num_blocks, cfg.num_kv_heads, spec.block_size,
@@ -120,7 +120,7 @@ class ModelRunner:
             if self.decode_kernel is None:
                 arange = torch.arange(max_blocks * bs, device=dev)
                 visible = arange[None, :] < ctx[:, None]  # [B, L]
-                dtype = self.model.embed_tokens.weight.dtype
+                dtype = self.model.act_dtype
                 decode_bias = torch.zeros(visible.shape, dtype=dtype, device=dev)
                 decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
                 # decode_bias: [B, 1, 1, L]

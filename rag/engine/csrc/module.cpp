@@ -1,0 +1,20 @@
+// The engine's compiled CPU kernels, as one Python module (built by rag.engine.kernels).
+#include <torch/extension.h>
+
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor context_lens, double scale);
+torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torch::Tensor mins,
+                    int64_t bits, int64_t group);
+torch::Tensor q8_rows(torch::Tensor w, torch::Tensor scales, torch::Tensor ids, int64_t group);
+torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                            torch::Tensor kv_caches, torch::Tensor kv_rows,
+                            torch::Tensor block_tables, torch::Tensor context_lens,
+                            std::vector<torch::Tensor> layers, int64_t bits, int64_t group,
+                            int64_t H, int64_t Hkv, int64_t D, double eps, double scale);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention over paged KV blocks");
+  m.def("qgemm", &qgemm, "x @ W^T with W in 4- or 8-bit groups");
+  m.def("q8_rows", &q8_rows, "rows of an 8-bit table, dequantized");
+  m.def("decode_layers", &decode_layers, "every decoder layer of a decode step");
+}

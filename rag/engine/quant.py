@@ -1,0 +1,308 @@
+"""Weight formats: a transform over a plain float model, as gpt-fast keeps them.
+
+A decode step multiplies a few rows by every weight once, so its time is the weights' bytes;
+a prefill multiplies hundreds of rows, so its time is arithmetic. Each format therefore keeps
+what each needs:
+
+| format   | decode (few rows)                          | prefill (many rows)          |
+|----------|--------------------------------------------|------------------------------|
+| float32  | float32 matmul                             | float32 matmul               |
+| bfloat16 | bfloat16 matmul (AVX512-BF16 / tensor core) | the same                     |
+| int8     | 8 bits per weight, a scale per output row  | a bfloat16 copy              |
+| int4     | 4 bits, a scale and a minimum per 32       | a bfloat16 copy              |
+
+The int4 groups have the shape of GGUF's Q4_1 (q in 0..15, w = scale * q + min, 32 weights a
+group), so a GGUF stored that way is held exactly: its decode is the float32 reference's up to
+rounding. The tied embedding / output matrix of the int formats is 8 bits with a scale per 32
+(GGUF's Q8_0, which the bundled model's table already is). Activations stay in the engine's
+dtype (float32 on CPU): the quantized kernel (rag.engine.kernels.qgemm) dequantizes in
+registers and multiplies in float32; the bfloat16 copies round the activations to bfloat16 for
+the matmul only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rag.engine.model import DecoderLayer, FusedDecode, LlamaModel, Table
+
+log = logging.getLogger(__name__)
+
+WeightFormat = Literal["float32", "bfloat16", "int8", "int4"]
+FORMATS: tuple[WeightFormat, ...] = ("float32", "bfloat16", "int8", "int4")
+GROUP = 32  # weights per 4-bit group (and per 8-bit group of the embedding table)
+# Inputs of at most this many rows take the quantized kernel; more take the dense copy (the
+# kernel multiplies in float32; from about here on, bfloat16 matmuls are faster on AVX512-BF16).
+DECODE_ROWS = 4
+
+
+# ---------------------------------------------------------------- packing
+
+
+def pack_int4(
+    w: torch.Tensor, group: int = GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (packed uint8 [N, K/2], scales [N, K/group], mins [N, K/group]).
+
+    Asymmetric per group: min = the group's smallest weight, scale = (max - min) / 15, so the
+    group's extremes are exact. Scales and minimums are rounded to float16 first, as GGUF stores
+    them: weights that came from a Q4_1 GGUF then come back exactly."""
+    n, k = w.shape
+    if k % group or group % 32:
+        raise ValueError(f"int4 needs K ({k}) divisible by the group ({group}), itself by 32")
+    g = w.float().reshape(n, k // group, group)
+    mins = g.amin(-1).half().float()
+    scales = ((g.amax(-1) - mins) / 15).half().float()
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.clamp(torch.round((g - mins[..., None]) / safe[..., None]), 0, 15).to(torch.uint8)
+    q = q.reshape(n, k // 32, 32)
+    packed = (q[:, :, :16] | (q[:, :, 16:] << 4)).reshape(n, k // 2).contiguous()
+    return packed, scales.contiguous(), mins.contiguous()
+
+
+def unpack_int4(
+    packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group: int = GROUP
+) -> torch.Tensor:
+    n, half = packed.shape
+    k = half * 2
+    b = packed.reshape(n, k // 32, 16)
+    q = torch.cat([b & 0x0F, b >> 4], dim=-1).reshape(n, k // group, group).float()
+    return (q * scales[..., None] + mins[..., None]).reshape(n, k)
+
+
+def pack_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], scales [N, K/group]), symmetric: w = scale * q. With
+    `group` = K a scale per output row; with 32, GGUF's Q8_0 (float16 scales)."""
+    n, k = w.shape
+    if k % group or group % 32:
+        raise ValueError(f"int8 needs K ({k}) divisible by the group ({group}), itself by 32")
+    g = w.float().reshape(n, k // group, group)
+    scales = (g.abs().amax(-1) / 127).half().float()
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.clamp(torch.round(g / safe[..., None]), -127, 127).to(torch.int8)
+    return q.reshape(n, k).contiguous(), scales.contiguous()
+
+
+def unpack_int8(q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = q.shape
+    return (q.reshape(n, k // group, group).float() * scales[..., None]).reshape(n, k)
+
+
+# ---------------------------------------------------------------- modules
+
+
+class QuantLinear(nn.Module):
+    """A linear layer in a weight format: the quantized kernel for decode-sized inputs, the
+    dense copy (bfloat16) for prefill-sized ones."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+    dense: torch.Tensor
+    bias: torch.Tensor | None
+    bits: int
+    group: int
+
+    def __init__(
+        self, linear: nn.Linear, fmt: WeightFormat, kernels: Any, decode_rows: int = DECODE_ROWS
+    ) -> None:
+        super().__init__()
+        w = linear.weight.detach()
+        self.out_features, self.in_features = w.shape
+        self.fmt = fmt
+        self.kernels = kernels
+        self.decode_rows = decode_rows if kernels is not None else 0
+        self.bits = 4 if fmt == "int4" else 8
+        self.group = GROUP if fmt == "int4" else self.in_features
+        if fmt == "int4":
+            q, scales, mins = pack_int4(w, self.group)
+        else:
+            (q, scales), mins = pack_int8(w, self.group), torch.empty(0)
+        # Buffers, so that .to(device) moves them (and nothing converts their dtype).
+        self.register_buffer("q", q, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.register_buffer("mins", mins, persistent=False)
+        self.register_buffer("dense", w.to(torch.bfloat16).contiguous(), persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows <= self.decode_rows and x.device.type == "cpu":
+            y = self.kernels.qgemm(x.float().contiguous(), self.q, self.scales, self.mins,
+                                   self.bits, self.group).to(x.dtype)  # fmt: skip
+        else:
+            y = F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weights this layer computes with in decode."""
+        if self.bits == 4:
+            return unpack_int4(self.q, self.scales, self.mins, self.group)
+        return unpack_int8(self.q, self.scales, self.group)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.mins))
+
+
+class DenseLinear(nn.Module):
+    """A linear layer whose weights are stored in another dtype than the activations (bfloat16
+    weights on a float32 engine): activations are rounded to it for the matmul only."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer(
+            "weight", linear.weight.detach().to(dtype).contiguous(), persistent=False
+        )
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+class Q8Table(nn.Module):
+    """The embedding table (and, tied or not, an output matrix) in 8 bits with a scale per 32:
+    rows are dequantized on lookup, logits come from the quantized kernel."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, kernels: Any) -> None:
+        super().__init__()
+        q, scales = pack_int8(weight.detach(), GROUP)
+        self.register_buffer("q", q, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.kernels = kernels
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.q8_rows(self.q, self.scales, ids, GROUP).to(dtype)
+        return unpack_int8(self.q[ids], self.scales[ids], GROUP).to(dtype)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.device.type == "cpu":
+            empty = torch.empty(0)
+            return self.kernels.qgemm(x.float().contiguous(), self.q, self.scales, empty, 8, GROUP)
+        return x.float() @ unpack_int8(self.q, self.scales, GROUP).t()
+
+
+class DenseTable(nn.Module):
+    """The embedding / output matrix as one dense tensor (float32 or bfloat16)."""
+
+    weight: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.detach().to(dtype).contiguous(), persistent=False)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return F.embedding(ids, self.weight).to(dtype)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight).float()
+
+
+# ---------------------------------------------------------------- the transform
+
+
+def apply_weight_format(
+    model: LlamaModel, fmt: WeightFormat, act_dtype: torch.dtype, kernels: Any | None
+) -> None:
+    """Replace the model's linears and its embedding/output tables by `fmt` (in place, on the
+    CPU, before the model moves to its device). Without the compiled kernels (or off the
+    CPU), the int formats compute through their bfloat16 copy: correct, not faster."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    usable = kernels
+    dense = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(fmt)
+    for layer in layers_of(model):
+        for owner, name in (
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        ):
+            linear = getattr(owner, name)
+            if dense is None:
+                setattr(owner, name, QuantLinear(linear, fmt, usable))
+            elif dense != act_dtype:
+                setattr(owner, name, DenseLinear(linear, dense))
+            else:
+                linear.to(act_dtype)
+    embed = model.embed_tokens.weight
+    head = model.lm_head.weight
+    tied = head is embed or head.data_ptr() == embed.data_ptr()
+    table: Table
+    if dense is not None:
+        table = DenseTable(embed, dense)
+        output: Table = table if tied else DenseTable(head, dense)
+    else:
+        table = Q8Table(embed, usable)
+        output = table if tied else Q8Table(head, usable)
+    model.set_tables(table, output)
+    model.weight_format = fmt
+    log.info("engine weights: %s", fmt)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights a decode step reads (the quantized form where there is one)."""
+    total = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        tensors: list[torch.Tensor] = []
+        if isinstance(module, QuantLinear):
+            tensors = [module.q, module.scales, module.mins]
+        elif isinstance(module, Q8Table):
+            tensors = [module.q, module.scales]
+        elif isinstance(module, (DenseLinear, DenseTable, nn.Linear)):
+            tensors = [module.weight]
+        for t in tensors:
+            if t.numel() and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+def layers_of(model: LlamaModel) -> list[DecoderLayer]:
+    return [layer for layer in model.layers if isinstance(layer, DecoderLayer)]
+
+
+def fused_decode(model: LlamaModel, kernels: Any | None) -> FusedDecode | None:
+    """The compiled decode step for `model`, when it can run it: int weights on the CPU, float32
+    activations and KV cache, the kernels built. None otherwise (the layers run as modules)."""
+    if kernels is None or model.act_dtype != torch.float32:
+        return None
+    tensors: list[torch.Tensor] = []
+    kinds: set[tuple[int, int]] = set()
+    empty = torch.empty(0)
+    for layer in layers_of(model):
+        attn, mlp = layer.self_attn, layer.mlp
+        quantized: list[QuantLinear] = []
+        for module in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if not isinstance(module, QuantLinear) or module.kernels is None:
+                return None
+            quantized.append(module)
+        qkv, o, gu, down = quantized
+        if layer.input_layernorm.weight.device.type != "cpu":
+            return None
+        kinds.update((lin.bits, lin.group if lin.bits == 4 else 0) for lin in quantized)
+        if o.bias is not None or gu.bias is not None or down.bias is not None:
+            return None
+        tensors += [layer.input_layernorm.weight.detach().float().contiguous()]
+        tensors += [qkv.q, qkv.scales, qkv.mins, empty if qkv.bias is None else qkv.bias]
+        tensors += [o.q, o.scales, o.mins, layer.post_attention_layernorm.weight.detach().float()]
+        tensors += [gu.q, gu.scales, gu.mins, down.q, down.scales, down.mins]
+    if len(kinds) != 1:
+        return None
+    ((bits, group),) = kinds
+    return FusedDecode(kernels, tensors, bits, group or GROUP, DECODE_ROWS)

@@ -1,0 +1,165 @@
+"""Weight formats: packing is exact where it must be, the quantized kernel computes the float32
+product with the dequantized weights, and the fused decode step is the model's own layers."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rag.engine.blocks import BlockManager  # noqa: E402
+from rag.engine.model import LlamaModel, ModelConfig  # noqa: E402
+from rag.engine.quant import (  # noqa: E402
+    QuantLinear,
+    apply_weight_format,
+    fused_decode,
+    pack_int4,
+    pack_int8,
+    unpack_int4,
+    unpack_int8,
+)
+from rag.engine.runner import KVCacheSpec, ModelRunner  # noqa: E402
+from rag.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+
+from .conftest import make_seq  # noqa: E402
+
+
+def require_kernels():
+    import os
+
+    from rag.engine.kernels import kernels
+
+    module = kernels()
+    if module is None:
+        if os.environ.get("CI"):
+            pytest.fail("the engine kernels did not build (see the log)")
+        pytest.skip("the engine kernels could not be built here (no C++ compiler?)")
+    return module
+
+
+def q4_1_weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Weights as a Q4_1 GGUF dequantizes them: d * q + m per 32, d and m float16."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 1e-4).half().float()
+    m = (torch.randn(n, k // 32, 1, generator=g) * 0.05).half().float()
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # the quantizer's min and max are always in the group
+    return (d * q + m).reshape(n, k)
+
+
+def test_int4_holds_q4_1_weights_exactly():
+    w = q4_1_weights(40, 96)
+    assert torch.equal(unpack_int4(*pack_int4(w)), w)
+
+
+def test_int8_rounds_each_weight_to_its_row_scale():
+    w = torch.randn(12, 64, generator=torch.Generator().manual_seed(3))
+    q, scales = pack_int8(w, 64)
+    err = (unpack_int8(q, scales, 64) - w).abs()
+    assert (err <= scales / 2 + 1e-7).all()
+    # Q8_0 (a scale per 32) of Q8_0-shaped values is exact.
+    s = (torch.rand(12, 2, 1) * 0.01).half().float()
+    exact = (s * torch.randint(-127, 128, (12, 2, 32)).float()).reshape(12, 64)
+    exact[:, 0], exact[:, 32] = 127 * s[:, 0, 0], -127 * s[:, 1, 0]
+    assert torch.equal(unpack_int8(*pack_int8(exact, 32), 32), exact)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 32), (8, 96)])
+def test_qgemm_is_the_float32_product_with_the_dequantized_weights(rows, bits, group):
+    kernels = require_kernels()
+    n, k = 10, 96  # 10 rows: tiles of 4 with a ragged end
+    w = q4_1_weights(n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7))
+    if bits == 4:
+        q, scales, mins = pack_int4(w, group)
+        reference = unpack_int4(q, scales, mins, group)
+    else:
+        (q, scales), mins = pack_int8(w, group), torch.empty(0)
+        reference = unpack_int8(q, scales, group)
+    got = kernels.qgemm(x, q, scales, mins, bits, group)
+    torch.testing.assert_close(got, x @ reference.t(), rtol=1e-5, atol=1e-6)
+
+
+def test_q8_rows_dequantize_the_looked_up_rows():
+    kernels = require_kernels()
+    q, scales = pack_int8(torch.randn(50, 64), 32)
+    ids = torch.tensor([0, 49, 7, 7])
+    assert torch.equal(kernels.q8_rows(q, scales, ids, 32), unpack_int8(q[ids], scales[ids], 32))
+
+
+def tiny(bias: bool = False) -> LlamaModel:
+    """A test-sized model whose linears hold Q4_1-shaped weights (GQA: 4 heads on 2)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
+        attention_bias=bias,
+    )  # fmt: skip
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        # The tied embedding / output table Q8_0-shaped: int8 with a float16 scale per 32.
+        s = (torch.rand(cfg.vocab_size, 2, 1) * 0.02 + 1e-3).half().float()
+        q = torch.randint(-127, 128, (cfg.vocab_size, 2, 32)).float()
+        q[..., 0] = 127
+        model.embed_tokens.weight.copy_((s * q).reshape(cfg.vocab_size, 64))
+        for i, module in enumerate(model.modules()):
+            if isinstance(module, torch.nn.Linear) and module.weight.shape[0] != cfg.vocab_size:
+                module.weight.copy_(q4_1_weights(*module.weight.shape, seed=i))
+                if module.bias is not None:
+                    module.bias.normal_(0, 0.1)
+    return model.eval()
+
+
+def greedy(model: LlamaModel, prompts: list[list[int]], new: int, *, kernel: bool) -> list:
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10, max_model_len=256), bm
+    )
+    runner = ModelRunner(model, KVCacheSpec(64, 4), torch.device("cpu"), attention_kernel=kernel)
+    seqs = [make_seq(str(i), p, max_tokens=new) for i, p in enumerate(prompts)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work:
+        out = sched.schedule()
+        sched.postprocess(out, runner.execute(out))
+    return [s.output_token_ids for s in seqs]
+
+
+PROMPTS = [[5, 9, 17, 3], list(range(20, 53)), [7] * 11]
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("bias", [False, True], ids=["llama", "qwen2-bias"])
+def test_decode_through_the_fused_step_is_decode_through_the_layers(fmt, bias):
+    """The compiled decode step (every layer in one call) gives the tokens of the same
+    quantized model run layer by layer, for single and batched decodes."""
+    kernels = require_kernels()
+    layered, fused = tiny(bias), tiny(bias)
+    for model in (layered, fused):
+        apply_weight_format(model, fmt, torch.float32, kernels)
+    step = fused_decode(fused, kernels)
+    assert step is not None and step.bits == (4 if fmt == "int4" else 8)
+    fused.fuse_decode(step)
+    assert greedy(fused, PROMPTS, 12, kernel=True) == greedy(layered, PROMPTS, 12, kernel=True)
+
+
+def test_int4_decode_computes_with_exactly_the_models_weights():
+    """Decode in int4 of a model whose weights are Q4_1-shaped is the float32 model: the same
+    greedy tokens, with prefill routed through the quantized kernel too."""
+    kernels = require_kernels()
+    reference, quantized = tiny(), tiny()
+    apply_weight_format(quantized, "int4", torch.float32, kernels)
+    for module in quantized.modules():
+        if isinstance(module, QuantLinear):
+            module.decode_rows = 1 << 30  # every step through the kernel, prefill included
+    quantized.fuse_decode(fused_decode(quantized, kernels))
+    expected = greedy(reference, PROMPTS, 12, kernel=True)
+    assert greedy(quantized, PROMPTS, 12, kernel=True) == expected
+
+
+def test_without_kernels_int_formats_compute_through_their_bfloat16_copy():
+    model = tiny()
+    apply_weight_format(model, "int4", torch.float32, None)
+    assert fused_decode(model, None) is None
+    assert all(m.decode_rows == 0 for m in model.modules() if isinstance(m, QuantLinear))
+    assert len(greedy(model, PROMPTS, 4, kernel=False)[0]) == 4
