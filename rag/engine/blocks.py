@@ -155,6 +155,18 @@ class BlockManager:
         seq.block_table.clear()
         self._seq_hashes.pop(seq.seq_no, None)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (rejected draft tokens'
+        slots). Those blocks hold no full computed block, so none of them is cached."""
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0 and block.block_hash is None, "trimmed a shared block"
+            if block.ref_count == 0:
+                self._free_plain.append(block_id)
+
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._evictable):
             self._uncache(block_id)

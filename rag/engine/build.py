@@ -14,6 +14,7 @@ from rag.engine.config import EngineSettings
 from rag.engine.engine import Engine
 from rag.engine.protocol import GenerationBackend
 from rag.engine.scheduler import SchedulerConfig
+from rag.engine.spec import SpecConfig
 from rag.engine.tokenizer import HFTokenizer
 
 if TYPE_CHECKING:
@@ -94,10 +95,17 @@ def build_local_engine(settings: EngineSettings) -> Engine:
         attention_kernel=settings.cpu_attention_kernel,
     )
     bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    spec = (
+        SpecConfig(k_max=settings.spec_k_max, max_batch=settings.spec_max_batch)
+        if settings.speculative
+        else None
+    )
     sched = SchedulerConfig(
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=max_model_len,
+        spec=spec,
+        itl_target_ms=settings.itl_target_ms,
     )
     return Engine(
         runner, HFTokenizer(loaded.tokenizer), sched, bm, loaded.eos_token_ids,

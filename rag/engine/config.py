@@ -44,6 +44,13 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int = Field(
         default=512, ge=1, description="Token budget of one step (prefill chunks + decodes)."
     )
+    itl_target_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Time between two tokens of a streaming answer to aim for: while answers "
+        "stream, each step admits only as many prompt tokens as fit (the cost per token is "
+        "measured as the engine runs). None: every step takes the whole token budget.",
+    )
     max_waiting: int = Field(
         default=256, ge=0, description="Bounded waiting queue; beyond it submit() refuses."
     )
@@ -51,6 +58,16 @@ class EngineSettings(BaseModel):
         default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
     )
     enable_prefix_caching: bool = True
+    speculative: bool = Field(
+        default=True,
+        description="Speculative decoding by prompt lookup: draft the tokens that followed the "
+        "last few in the prompt or the answer so far, verify them in one pass (greedy output "
+        "unchanged; sampling keeps its distribution).",
+    )
+    spec_k_max: int = Field(default=4, ge=1, le=16, description="Draft tokens per step, at most.")
+    spec_max_batch: int = Field(
+        default=4, ge=1, description="No drafting above this many running sequences."
+    )
     fused_decode: bool = Field(
         default=True,
         description="On CPU with int weights and float32 activations, run the decoder layers "

@@ -175,6 +175,8 @@ class Engine:
             steps=s.num_steps,
             tokens_per_step=s.num_scheduled_tokens / s.num_steps if s.num_steps else 0.0,
             generated_tokens=self._generated,
+            draft_tokens=s.num_drafted,
+            accepted_tokens=s.num_accepted,
         )
 
     def close(self) -> None:
@@ -233,23 +235,26 @@ class Engine:
         if out.is_empty:
             time.sleep(0.001)  # nothing fits right now; should not happen with sane sizes
             return []
+        started = time.perf_counter()
         result = self.runner.execute(out)
+        self.scheduler.costs.observe(
+            out.num_decode_rows, out.num_prefill_tokens, (time.perf_counter() - started) * 1000
+        )
         outbox: list[tuple[_Request, Any]] = []
         for r in self.scheduler.postprocess(out, result):
             req = self._requests[r.seq.request_id]
-            self._generated += 1
-            ev = self._on_token(req, r.new_token_id, r.finish_reason)
+            self._generated += len(r.new_token_ids)
+            ev = self._on_token(req, r.new_token_ids, r.finish_reason)
             if ev is not None:
                 outbox.append((req, ev))
         return outbox
 
     def _on_token(
-        self, req: _Request, token_id: int | None, reason: FinishReason | None
+        self, req: _Request, token_ids: list[int], reason: FinishReason | None
     ) -> TokenEvent | None:
         seq = req.seq
         ids = seq.output_token_ids
-        if token_id is not None:
-            req.pending_ids.append(token_id)
+        req.pending_ids.extend(token_ids)
         # Incremental detokenization that waits out incomplete UTF-8 sequences.
         prefix = self.tokenizer.decode(ids[req.prefix_offset : req.read_offset])
         full = self.tokenizer.decode(ids[req.prefix_offset :])

@@ -28,6 +28,8 @@ class EngineMetrics:
     steps: int
     tokens_per_step: float  # mean scheduled tokens per step
     generated_tokens: int
+    draft_tokens: int = 0  # speculative drafts verified
+    accepted_tokens: int = 0  # of which accepted
 
 
 class GenerationBackend(Protocol):

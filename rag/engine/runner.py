@@ -61,62 +61,75 @@ class ModelRunner:
             self.sampler.forget(request_id)
         if not out.chunks:
             return ModelRunnerOutput(sampled={})
-        # Single-token chunks first: they share one batched attention call.
-        decodes = [c for c in out.chunks if len(c.token_ids) == 1]
-        prefills = [c for c in out.chunks if len(c.token_ids) > 1]
-        chunks = decodes + prefills
-        input_ids, positions, meta, sample_rows = self._prepare(decodes, prefills)
+        input_ids, positions, meta, wanted = self._prepare(out.chunks)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, E]
-        sampling = [chunks[i] for i in sample_rows]
-        if not sampling:
+        if not wanted:
             return ModelRunnerOutput(sampled={})
-        last_index = self._last_token_index(chunks)
-        rows = torch.tensor([last_index[i] for i in sample_rows], device=self.device)
+        rows = torch.tensor([r for _, chunk_rows in wanted for r in chunk_rows], device=self.device)
         logits = self.model.compute_logits(hidden[rows])  # [S, V]
-        tokens = self.sampler(
-            logits, [c.request_id for c in sampling], [c.params for c in sampling]
-        )
-        return ModelRunnerOutput(
-            sampled={c.request_id: t for c, t in zip(sampling, tokens, strict=True)}
-        )
-
-    @staticmethod
-    def _last_token_index(chunks: list[ScheduledChunk]) -> list[int]:
-        idx, pos = [], 0
-        for c in chunks:
-            pos += len(c.token_ids)
-            idx.append(pos - 1)
-        return idx
+        sampled: dict[str, int] = {}
+        accepted: dict[str, list[int]] = {}
+        plain: list[tuple[ScheduledChunk, int]] = []
+        at = 0
+        for chunk, chunk_rows in wanted:
+            if chunk.num_draft:
+                drafts = chunk.token_ids[-chunk.num_draft :]
+                tokens = self.sampler.verify(
+                    logits[at : at + len(chunk_rows)], chunk.request_id, chunk.params, drafts
+                )
+                accepted[chunk.request_id], sampled[chunk.request_id] = tokens[:-1], tokens[-1]
+            else:
+                plain.append((chunk, at))
+            at += len(chunk_rows)
+        if plain:
+            picked = logits[torch.tensor([a for _, a in plain], device=self.device)]
+            tokens = self.sampler(
+                picked, [c.request_id for c, _ in plain], [c.params for c, _ in plain]
+            )
+            sampled.update({c.request_id: t for (c, _), t in zip(plain, tokens, strict=True)})
+        return ModelRunnerOutput(sampled=sampled, accepted=accepted)
 
     def _prepare(
-        self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[
+        torch.Tensor, torch.Tensor, AttentionMetadata, list[tuple[ScheduledChunk, list[int]]]
+    ]:
+        """The step's tokens as rows: single tokens first (decodes, and the tokens of a chunk
+        with drafts, each a decode of its own that sees the context up to itself), then the
+        prefill chunks. Also which rows each sampling chunk needs logits of."""
         bs = self.block_size
+        decodes = [c for c in chunks if len(c.token_ids) == 1 or c.num_draft]
+        prefills = [c for c in chunks if len(c.token_ids) > 1 and not c.num_draft]
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        sample_rows: list[int] = []
-        for row, c in enumerate(decodes + prefills):
+        tables: list[list[int]] = []  # per decode row
+        ctx_lens: list[int] = []
+        wanted: list[tuple[ScheduledChunk, list[int]]] = []
+        for c in decodes + prefills:
             n = len(c.token_ids)
+            first = len(ids)
             ids.extend(c.token_ids)
             p = range(c.start_pos, c.start_pos + n)
             pos.extend(p)
-            table = c.block_table
-            slots.extend(table[i // bs] * bs + i % bs for i in p)
+            slots.extend(c.block_table[i // bs] * bs + i % bs for i in p)
+            if len(c.token_ids) == 1 or c.num_draft:
+                tables.extend([c.block_table] * n)
+                ctx_lens.extend(i + 1 for i in p)
             if c.sample:
-                sample_rows.append(row)
+                last = first + n - 1
+                wanted.append((c, list(range(last - c.num_draft, last + 1))))
         dev = self.device
 
         def t(x: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.long, device=dev)
 
-        decode_tables = decode_bias = None
-        if decodes:
-            max_blocks = max(len(c.block_table) for c in decodes)
-            decode_tables = t(
-                [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in decodes]
-            )  # [B, MB]
-            ctx = t([c.start_pos + 1 for c in decodes])  # [B]
+        num_decodes = len(tables)
+        decode_tables = decode_bias = ctx = None
+        if num_decodes:
+            max_blocks = max(len(b) for b in tables)
+            decode_tables = t([b + [0] * (max_blocks - len(b)) for b in tables])  # [B, MB]
+            ctx = t(ctx_lens)  # [B]
             if self.decode_kernel is None:
                 arange = torch.arange(max_blocks * bs, device=dev)
                 visible = arange[None, :] < ctx[:, None]  # [B, L]
@@ -126,7 +139,7 @@ class ModelRunner:
                 # decode_bias: [B, 1, 1, L]
         meta_prefills = []
         biases: list[torch.Tensor | None] = []
-        q_start = len(decodes)
+        q_start = num_decodes
         for c in prefills:
             n = len(c.token_ids)
             nblocks = -(-(c.start_pos + n) // bs)
@@ -146,12 +159,12 @@ class ModelRunner:
         kv_rows = ((slot_t[:, None] // bs) * hkv + heads[None, :]) * bs + slot_t[:, None] % bs
         meta = AttentionMetadata(
             kv_rows=kv_rows.flatten(),
-            num_decodes=len(decodes),
+            num_decodes=num_decodes,
             decode_block_tables=decode_tables,
             decode_bias=decode_bias,
             prefills=meta_prefills,
             prefill_biases=biases,
-            decode_kernel=self.decode_kernel if decodes else None,
-            decode_context_lens=ctx if decodes else None,
+            decode_kernel=self.decode_kernel if num_decodes else None,
+            decode_context_lens=ctx,
         )
-        return t(ids), t(pos), meta, sample_rows
+        return t(ids), t(pos), meta, wanted

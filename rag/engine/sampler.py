@@ -46,6 +46,45 @@ class Sampler:
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         return out
 
+    def verify(
+        self,
+        logits: torch.Tensor,  # [d + 1, V]: after the decoded token, then after each draft
+        request_id: str,
+        params: SamplingParams,
+        drafts: list[int],
+    ) -> list[int]:
+        """The tokens a step with d drafts yields: the accepted drafts, then one sampled token
+        (the correction of the first rejected draft, or the one after them all).
+
+        Greedy: a draft is accepted when it is the argmax, so the output is token for token the
+        output without drafts. Sampling: the rule of speculative sampling for a draft that is
+        one token for sure (prompt lookup proposes, it does not sample): accept draft x with
+        probability p(x); on rejection sample from p with x removed, renormalised. Each token
+        then has exactly the distribution it would have had without drafts."""
+        if params.greedy:
+            targets = logits.argmax(dim=-1).tolist()
+            out: list[int] = []
+            for i, draft in enumerate(drafts):
+                if targets[i] != draft:
+                    return [*out, targets[i]]
+                out.append(draft)
+            return [*out, targets[len(drafts)]]
+        gen = self._generator(request_id, params.seed)
+        out = []
+        for i, draft in enumerate(drafts):
+            probs = self.probs(logits[i], params)
+            u = torch.rand((), generator=gen, device=probs.device)
+            if u.item() < probs[draft].item():
+                out.append(draft)
+                continue
+            residual = probs.clone()
+            residual[draft] = 0.0
+            if float(residual.sum()) <= 0.0:  # p was all on the draft (u landed on 1.0)
+                return [*out, draft]
+            return [*out, int(torch.multinomial(residual, 1, generator=gen).item())]
+        probs = self.probs(logits[len(drafts)], params)
+        return [*out, int(torch.multinomial(probs, 1, generator=gen).item())]
+
     @staticmethod
     def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         """Probabilities over the vocabulary after temperature, top-k and top-p."""

@@ -15,7 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rag.engine.blocks import BlockManager
+from rag.engine.costs import StepCosts
 from rag.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from rag.engine.spec import SpecConfig, SpecState, choose_k
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +30,22 @@ class SchedulerConfig:
     # Keep this fraction of blocks free when admitting new work, so a fresh admission does not
     # immediately force a preemption on the next decode step.
     watermark: float = 0.01
+    # Speculative decoding by prompt lookup (rag.engine.spec); None: off.
+    spec: SpecConfig | None = None
+    # Time between two tokens of a running answer to aim for: while answers are streaming,
+    # a step takes in only as many prompt tokens as fit (rag.engine.costs); None: the whole
+    # token budget, whatever the step then takes.
+    itl_target_ms: float | None = None
+    # Prompt tokens a step always admits while answers stream, so prompts still advance.
+    min_prefill_chunk: int = 32
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Tokens of one sequence to run this step: token_ids at positions start_pos, ..."""
+    """Tokens of one sequence to run this step: token_ids at positions start_pos, ...
+
+    With `num_draft` > 0 the chunk is a decode plus that many draft tokens (the last ones of
+    token_ids) to verify: a token is sampled after each of its last num_draft + 1 positions."""
 
     request_id: str
     token_ids: list[int]
@@ -40,6 +53,10 @@ class ScheduledChunk:
     block_table: list[int]  # covers start_pos + len(token_ids) tokens
     sample: bool  # the chunk ends the known tokens, so the next token is sampled
     params: SamplingParams
+    num_draft: int = 0
+    # The sequence's tokens so far (prompt and output) when a sampler needs them (penalties,
+    # drafts); None otherwise.
+    history: list[int] | None = None
 
 
 @dataclass
@@ -53,6 +70,15 @@ class SchedulerOutput:
         return sum(len(c.token_ids) for c in self.chunks)
 
     @property
+    def num_decode_rows(self) -> int:
+        """Single-token rows: decodes, and the tokens of chunks that verify drafts."""
+        return sum(len(c.token_ids) for c in self.chunks if len(c.token_ids) == 1 or c.num_draft)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_rows
+
+    @property
     def is_empty(self) -> bool:
         return not self.chunks
 
@@ -60,14 +86,17 @@ class SchedulerOutput:
 @dataclass(frozen=True)
 class ModelRunnerOutput:
     sampled: dict[str, int]  # request_id -> next token, for chunks with sample=True
+    # request_id -> the draft tokens accepted before that token (chunks with num_draft > 0)
+    accepted: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step did to one sequence (for the front end)."""
+    """What one step did to one sequence (for the front end): the tokens it gained (one, or
+    several when drafts were accepted) and whether it finished."""
 
     seq: Sequence
-    new_token_id: int | None
+    new_token_ids: list[int]
     finish_reason: FinishReason | None
 
 
@@ -82,6 +111,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self.num_scheduled_tokens = 0
+        self.num_drafted = 0  # draft tokens verified
+        self.num_accepted = 0  # of which accepted
+        self.costs = StepCosts()  # the engine feeds it the measured step times
 
     # ----- requests
     def add(self, seq: Sequence) -> None:
@@ -127,24 +159,55 @@ class Scheduler:
         self._finished_since_step = []
         budget = self.config.max_num_batched_tokens
 
+        # While answers stream, prompt tokens are capped so that the step stays near the
+        # time-between-tokens target.
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        prefill_left = budget
+        if self.config.itl_target_ms is not None and decoding:
+            prefill_left = self.costs.prefill_budget(
+                decoding, self.config.itl_target_ms, self.config.min_prefill_chunk, budget
+            )
+        # Drafts are sized against what the whole step yields per millisecond.
+        spec = self.config.spec
+        drafting = spec is not None and len(self.running) <= spec.max_batch
+        rows, expected = decoding, float(decoding)
+
         # 1. Running sequences first, oldest first: decodes and unfinished prefills.
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(seq, num_new, out):
+            left = seq.num_tokens - seq.num_computed_tokens
+            if left > 1 and prefill_left <= 0:
+                i += 1
+                continue  # its prompt waits: this step's prompt share is spent
+            num_new = min(left, budget, prefill_left if left > 1 else 1)
+            drafts: list[int] = []
+            if drafting and left == 1:
+                drafts = self._drafts(seq, budget - 1, rows, expected)
+            if drafts and self.bm.allocate_slots(seq, 1 + len(drafts)) is None:
+                drafts = []  # no room to verify: decode one token as usual
+            if not drafts and not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq preempted itself: nothing after it is left running
-            out.chunks.append(self._chunk(seq, num_new))
-            budget -= num_new
+            out.chunks.append(self._chunk(seq, num_new, drafts))
+            if drafts and seq.spec is not None:
+                rows += len(drafts)
+                expected += seq.spec.expected_tokens(len(drafts)) - 1
+            budget -= num_new + len(drafts)
+            if left > 1:
+                prefill_left -= num_new
             i += 1
 
         # 2. Admit waiting sequences, unless this step had to preempt.
         if not out.preempted:
             watermark = int(self.config.watermark * self.bm.num_blocks)
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            while (
+                self.waiting
+                and min(budget, prefill_left) > 0
+                and len(self.running) < self.config.max_num_seqs
+            ):
                 seq = self.waiting[0]
                 hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
-                num_new = min(seq.num_tokens - num_hit_tokens, budget)
+                num_new = min(seq.num_tokens - num_hit_tokens, budget, prefill_left)
                 need = self.bm.blocks_needed(num_hit_tokens + num_new) - len(hits)
                 if self.bm.num_free_blocks - need < watermark and self.running:
                     break
@@ -161,6 +224,7 @@ class Scheduler:
                 self.running.append(seq)
                 out.chunks.append(self._chunk(seq, num_new))
                 budget -= num_new
+                prefill_left -= num_new
 
         self.num_steps += 1
         self.num_scheduled_tokens += out.num_tokens
@@ -173,31 +237,68 @@ class Scheduler:
             seq = self._by_id.get(chunk.request_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens += len(chunk.token_ids)
+            accepted = result.accepted.get(chunk.request_id, []) if chunk.num_draft else []
+            # The KV of rejected drafts is not the sequence's: only the decoded token and the
+            # accepted drafts count as computed (the rest is overwritten next step).
+            seq.num_computed_tokens += len(chunk.token_ids) - chunk.num_draft + len(accepted)
             self.bm.cache_full_blocks(seq)
             if not chunk.sample:
                 continue
-            token = result.sampled[chunk.request_id]
             if seq.first_token_time is None:
                 seq.first_token_time = time.monotonic()
-            seq.append_token(token)
-            reason = seq.check_stop()
+            new: list[int] = []
+            reason = None
+            for token in [*accepted, result.sampled[chunk.request_id]]:
+                seq.append_token(token)
+                new.append(token)
+                reason = seq.check_stop()
+                if reason is not None:
+                    break
+            if chunk.num_draft and seq.spec is not None and self.config.spec is not None:
+                seq.spec.update(self.config.spec, chunk.num_draft, len(accepted))
+                self.num_drafted += chunk.num_draft
+                self.num_accepted += len(accepted)
             if reason is not None:
                 self.finish(seq, reason)
-            results.append(StepResult(seq, token, reason))
+            elif chunk.num_draft:
+                self.bm.trim(seq, seq.num_tokens)  # free the blocks of rejected drafts
+            results.append(StepResult(seq, new, reason))
         return results
 
     # ----- internals
-    def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+    def _chunk(
+        self, seq: Sequence, num_new: int, drafts: list[int] | None = None
+    ) -> ScheduledChunk:
         start = seq.num_computed_tokens
+        drafts = drafts or []
         return ScheduledChunk(
             request_id=seq.request_id,
-            token_ids=seq.token_ids[start : start + num_new],
+            token_ids=seq.token_ids[start : start + num_new] + drafts,
             start_pos=start,
             block_table=list(seq.block_table),
             sample=start + num_new == seq.num_tokens,
             params=seq.params,
+            num_draft=len(drafts),
+            history=seq.token_ids if drafts or seq.params.needs_history else None,
         )
+
+    def _drafts(self, seq: Sequence, room: int, rows: int, expected: float) -> list[int]:
+        """Draft tokens for a decoding sequence (prompt lookup), within `room` more tokens of
+        this step's budget, its max_tokens and the context, as many as pay for themselves."""
+        spec = self.config.spec
+        if spec is None or room <= 0:
+            return []
+        if seq.spec is None:
+            seq.spec = SpecState()
+        state = seq.spec
+        if state.pause > 0:
+            state.pause -= 1
+            return []
+        left = self.config.max_model_len - seq.num_tokens - 1
+        if seq.params.max_tokens is not None:
+            left = min(left, seq.params.max_tokens - seq.num_output_tokens - 1)
+        k = choose_k(state, min(spec.k_max, room, left), rows, expected, self.costs.decode_ms)
+        return state.propose(seq.token_ids, k, spec) if k > 0 else []
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Allocate for seq, preempting the newest running sequences until it fits."""

@@ -7,6 +7,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from rag.engine.spec import SpecState
+
 
 class EngineError(Exception):
     """Base class of the engine's errors."""
@@ -48,6 +50,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """The sampler needs the sequence's tokens (penalties look at what was generated)."""
+        return False
 
     def validate(self, max_model_len: int | None) -> None:
         """Raise InvalidRequest if these parameters cannot be served (`max_model_len` None:
@@ -109,6 +116,7 @@ class Sequence:
     first_scheduled_time: float | None = None  # its prefill began (first admission)
     first_token_time: float | None = None  # its prefill ended: the first token was sampled
     seq_no: int = field(default_factory=lambda: next(_ids))
+    spec: SpecState | None = None  # speculative decoding state, when drafting
 
     def __post_init__(self) -> None:
         if not self.token_ids:

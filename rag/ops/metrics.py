@@ -208,3 +208,9 @@ def _engine_metrics(services: Services) -> Iterator[Metric]:
         "rag_engine_tokens_per_step", "Mean tokens scheduled per step", m.tokens_per_step
     )
     yield CounterMetricFamily("rag_engine_generated_tokens", "Tokens generated", m.generated_tokens)
+    yield CounterMetricFamily(
+        "rag_engine_spec_draft_tokens", "Speculative draft tokens verified", m.draft_tokens
+    )
+    yield CounterMetricFamily(
+        "rag_engine_spec_accepted_tokens", "Speculative draft tokens accepted", m.accepted_tokens
+    )
