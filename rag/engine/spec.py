@@ -81,9 +81,9 @@ class SpecState:
         for n in range(config.max_ngram, config.min_ngram - 1, -1):
             if n_tokens <= n:
                 continue
-            end = index.get(tuple(token_ids[n_tokens - n :]))
-            if end is not None and end < n_tokens:
-                follow = list(token_ids[end : end + k])
+            found = index.get(tuple(token_ids[n_tokens - n :]))
+            if found is not None and found < n_tokens:
+                follow = list(token_ids[found : found + k])
                 if follow:
                     return follow
         return []
