@@ -50,6 +50,12 @@ class Overloaded(RagError):
         self.retry_after_s = retry_after_s
 
 
+class GenerationFailed(RagError):
+    """The generator failed while answering (reported as such, never as a normal finish)."""
+
+    code = "generation_failed"
+
+
 class ParseError(RagError):
     """A document could not be turned into text. Permanent: retrying will not help."""
 

@@ -115,7 +115,7 @@ async def prepare(
     timings["prompt"] = _ms(t)
     if built.tokens + max_tokens > context:
         raise Invalid("the question and max_tokens do not fit the model's context")
-    stream = start(engine, built.messages, params, request_id)
+    stream = start(engine, built.messages, params, request_id, cache_salt=tenant_id)
     timings["admit_to_submit"] = _ms(t0)
     return Prepared(
         tenant_id, collection_id, relevant[: built.given], result, deadline, timings, request_id,

@@ -38,7 +38,7 @@ async def prepare(
     if params.max_tokens is None:
         params = replace(params, max_tokens=services.settings.ask.default_max_tokens)
     request_id = "chat-" + uuid.uuid4().hex
-    stream = start(engine, chat, params, request_id)
+    stream = start(engine, chat, params, request_id, cache_salt=tenant_id)
     return Prepared(
         tenant_id, "", [], None, Deadline.after_ms(budget_ms), {}, request_id, stream,
         submitted_at=time.perf_counter(),

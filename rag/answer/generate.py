@@ -75,11 +75,17 @@ def admit(engine: GenerationBackend) -> None:
 
 
 def start(
-    engine: GenerationBackend, prompt: Prompt, params: SamplingParams, request_id: str
+    engine: GenerationBackend,
+    prompt: Prompt,
+    params: SamplingParams,
+    request_id: str,
+    *,
+    cache_salt: str | None = None,
 ) -> AsyncIterator[TokenEvent]:
-    """Submit, with the engine's refusals as the domain's errors (429, 422)."""
+    """Submit, with the engine's refusals as the domain's errors (429, 422). `cache_salt`
+    (the tenant) keeps the engine's prefix cache from matching another tenant's prompts."""
     try:
-        return engine.submit(prompt, params, request_id)
+        return engine.submit(prompt, params, request_id, cache_salt=cache_salt)
     except EngineOverloaded as exc:
         raise Overloaded(str(exc), retry_after_s=exc.retry_after_s) from None
     except InvalidRequest as exc:

@@ -24,6 +24,7 @@ STATUS: dict[type[errors.RagError], int] = {
     errors.UnsupportedMediaType: 415,
     errors.Overloaded: 429,
     errors.ParseError: 422,
+    errors.GenerationFailed: 502,
 }
 
 

@@ -28,6 +28,12 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
 
 
+def salt_root(salt: str | None) -> int | None:
+    """The parent of a sequence's first block: its salt's, so that equal prompts of different
+    salts (tenants) hash to different blocks."""
+    return None if salt is None else hash(("salt", salt))
+
+
 class BlockManager:
     """Allocates KV blocks to sequences. "No room" is a return value, never an exception."""
 
@@ -78,7 +84,7 @@ class BlockManager:
         bs = self.block_size
         max_full = (seq.num_tokens - 1) // bs
         hits: list[int] = []
-        parent: int | None = None
+        parent: int | None = salt_root(seq.cache_salt)
         for i in range(max_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, tokens)
@@ -103,7 +109,7 @@ class BlockManager:
         num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         for i in range(len(hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(hashes[-1] if hashes else None, tokens)
+            h = chain_hash(hashes[-1] if hashes else salt_root(seq.cache_salt), tokens)
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rag.engine.blocks import BlockManager
 from rag.engine.protocol import EngineMetrics, Prompt, Runner, Tokenizer
-from rag.engine.scheduler import Scheduler, SchedulerConfig
+from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -119,7 +119,12 @@ class Engine:
         return self.metrics().waiting < self.max_waiting
 
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request; iterate the result for its events. Call from a running event loop.
 
@@ -139,7 +144,10 @@ class Engine:
             )
         loop = asyncio.get_running_loop()
         request_id = request_id or uuid.uuid4().hex
-        seq = Sequence(request_id, token_ids, params, self.max_model_len, self.eos_token_ids)
+        seq = Sequence(
+            request_id, token_ids, params, self.max_model_len, self.eos_token_ids,
+            cache_salt=cache_salt,
+        )  # fmt: skip
         stream = RequestStream(self, request_id)
         with self._cv:
             if self._stopping:
@@ -235,19 +243,62 @@ class Engine:
         if out.is_empty:
             time.sleep(0.001)  # nothing fits right now; should not happen with sane sizes
             return []
-        started = time.perf_counter()
-        result = self.runner.execute(out)
-        self.scheduler.costs.observe(
-            out.num_decode_rows, out.num_prefill_tokens, (time.perf_counter() - started) * 1000
-        )
         outbox: list[tuple[_Request, Any]] = []
+        started = time.perf_counter()
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:
+            logger.warning(
+                "engine step failed (%s); running its requests apart", type(exc).__name__
+            )
+            result, failed = self._execute_apart(out)
+            for request_id, error in failed.items():
+                outbox += self._fail_one(request_id, error)
+        else:
+            self.scheduler.costs.observe(
+                out.num_decode_rows, out.num_prefill_tokens, (time.perf_counter() - started) * 1000
+            )
         for r in self.scheduler.postprocess(out, result):
             req = self._requests[r.seq.request_id]
             self._generated += len(r.new_token_ids)
-            ev = self._on_token(req, r.new_token_ids, r.finish_reason)
+            try:
+                ev = self._on_token(req, r.new_token_ids, r.finish_reason)
+            except Exception as exc:  # this request's text or stops: fail it alone
+                logger.exception("request %s failed after its step", r.seq.request_id)
+                outbox += self._fail_one(r.seq.request_id, exc)
+                continue
             if ev is not None:
                 outbox.append((req, ev))
         return outbox
+
+    def _execute_apart(
+        self, out: SchedulerOutput
+    ) -> tuple[ModelRunnerOutput, dict[str, BaseException]]:
+        """A step that failed, again one sequence at a time: what one request brings (a seed
+        the sampler refuses, say) fails that request alone. Re-running a chunk rewrites the
+        same KV, so the others lose nothing. A failure of every one is the engine's own."""
+        sampled: dict[str, int] = {}
+        accepted: dict[str, list[int]] = {}
+        failed: dict[str, BaseException] = {}
+        for chunk in out.chunks:
+            try:
+                alone = self.runner.execute(SchedulerOutput(chunks=[chunk]))
+            except Exception as exc:
+                failed[chunk.request_id] = exc
+                continue
+            sampled.update(alone.sampled)
+            accepted.update(alone.accepted)
+        if out.chunks and len(failed) == len(out.chunks):
+            raise next(iter(failed.values()))
+        return ModelRunnerOutput(sampled=sampled, accepted=accepted), failed
+
+    def _fail_one(self, request_id: str, exc: BaseException) -> list[tuple[_Request, Any]]:
+        req = self._requests.pop(request_id, None)
+        self.scheduler.abort(request_id, FinishReason.ERROR)
+        if req is None:
+            return []
+        logger.warning("request %s failed: %s", request_id, type(exc).__name__)
+        return [(req, EngineError(f"generation failed: {type(exc).__name__}"))]
 
     def _on_token(
         self, req: _Request, token_ids: list[int], reason: FinishReason | None

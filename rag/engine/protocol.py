@@ -52,10 +52,16 @@ class GenerationBackend(Protocol):
         ...
 
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Start a generation; iterate for its events, the last with finish reason and usage.
-        Raises InvalidRequest or EngineOverloaded before any work is done."""
+        Raises InvalidRequest or EngineOverloaded before any work is done. Requests with
+        different `cache_salt`s (tenants) never share cached prompt blocks."""
         ...
 
     def cancel(self, request_id: str) -> None:

@@ -68,7 +68,12 @@ class RemoteEngine:
             return len(self._in_flight) < self.settings.remote_max_concurrency
 
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        cache_salt: str | None = None,  # the remote server's own cache is its business
     ) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
         params.validate(None)

@@ -72,6 +72,8 @@ class SamplingParams:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidRequest(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty")
 
@@ -117,6 +119,9 @@ class Sequence:
     first_token_time: float | None = None  # its prefill ended: the first token was sampled
     seq_no: int = field(default_factory=lambda: next(_ids))
     spec: SpecState | None = None  # speculative decoding state, when drafting
+    # Prefix-cache blocks are shared only among sequences with the same salt (the tenant),
+    # so one tenant cannot probe another's recent prompts through cache hits.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

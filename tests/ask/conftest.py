@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rag.api.app import create_app
-from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+from rag.engine import EngineError, EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
 from rag.services import build_services
 from tests.conftest import Api, LiveServer, make_settings
 from tests.support.fakes import BackendBasics
@@ -30,8 +30,10 @@ class FakeEngine(BackendBasics):
         waiting: int = 0,
         max_waiting: int = 8,
         on_submit: Callable[[list[dict[str, str]]], None] | None = None,
+        fail_after: int | None = None,
     ) -> None:
         self.answer = answer
+        self.fail_after = fail_after  # raise EngineError after this many words
         self.delay_s = delay_s
         self.waiting = waiting
         self.max_waiting = max_waiting
@@ -42,7 +44,11 @@ class FakeEngine(BackendBasics):
         self.running: set[str] = set()
 
     def submit(
-        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        **_: object,
     ) -> AsyncIterator[TokenEvent]:
         self.prompts.append(prompt)
         if self.on_submit is not None:
@@ -56,6 +62,8 @@ class FakeEngine(BackendBasics):
         sent = 0
         try:
             for i, word in enumerate(words):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise EngineError("generation failed: RuntimeError")
                 if rid in self.cancelled:
                     yield TokenEvent(rid, "", (), FinishReason.CANCELLED, Usage(10, 0, sent))
                     return

@@ -277,3 +277,29 @@ def test_an_answer_without_markers_is_attributed_to_the_passage_it_comes_from(
     passages = [type("P", (), {"text": t})() for t in FACTS]
     assert attribute("I do not know.", passages) == []  # type: ignore[arg-type]
     assert attribute("Penguins migrate across frozen Antarctic plateaus yearly.", passages) == []  # type: ignore[arg-type]
+
+
+def test_a_generation_that_fails_says_so_on_every_path(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    """A generation that fails mid-answer is reported as a failure: /ask's finish reason
+    `error`, a 502 from chat completions, an error event in their stream; never a normal
+    stop with empty usage."""
+    engine = FakeEngine(fail_after=3)
+    api = _api(make_api, sqlite_url, hash_embedder, engine)
+    cid = api.collection(api.a, name="harbour")
+    ingest(api, api.a, cid, FACTS)
+    assert _ask(api, api.a, cid).json()["finish_reason"] == "error"
+    final = [d for e, d in _stream(api, api.a, cid) if e == "final"][0]
+    assert final["finish_reason"] == "error"
+    chat = {"model": "harbour", "messages": [{"role": "user", "content": "When is the ferry?"}]}
+    r = api.client.post("/v1/chat/completions", json=chat, headers=api.a)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "generation_failed"
+    r = api.client.post("/v1/chat/completions", json={**chat, "stream": True}, headers=api.a)
+    events = [d for _, d in parse_sse(r.text)]
+    assert any(isinstance(d, dict) and d.get("error", {}).get("code") == "generation_failed"
+               for d in events)  # fmt: skip
+    assert not any(
+        isinstance(d, dict) and any(c.get("finish_reason") == "stop" for c in d.get("choices", []))
+        for d in events
+    )

@@ -148,3 +148,29 @@ def test_openai_client_streams_an_answer_and_remote_generation_works(
     assert final["answer"].strip() and final["usage"]["prompt_tokens"] > 0
     _valid(final, events[0][1]["passages"], dict(zip(fdocs, FACTS, strict=True)))
     assert httpx.get(f"{front.server.url}/healthz").status_code == 200
+
+
+def test_two_tenants_with_the_same_prompt_share_no_cached_prompt_blocks(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
+) -> None:
+    """The prefix cache is salted per tenant: the same question over the same documents in
+    two tenants' collections (the very same prompt) hits nothing of the other tenant's, so
+    `cached_tokens` reveals nothing about another tenant's recent prompts; a tenant's own
+    repeat hits its own cache."""
+    api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine))
+    cids = {}
+    for who in ("a", "b"):
+        headers = getattr(api, who)
+        cids[who] = api.collection(headers, name="shared-name")
+        ingest(api, headers, cids[who], FACTS)
+    body = {"question": "Which radio channel carries storm warnings?", "k": 2, "max_tokens": 8}
+
+    def cached(who: str) -> int:
+        headers = getattr(api, who)
+        r = api.client.post(f"/v1/collections/{cids[who]}/ask", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["cached_tokens"])
+
+    cached("a")
+    assert cached("b") == 0  # the same prompt, another tenant: no block in common
+    assert cached("a") > 0  # its own repeat hits its own blocks

@@ -63,7 +63,11 @@ class FakeEngine(BackendBasics):
         self.max_model_len = 8192
 
     def submit(
-        self, prompt: object, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: object,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        **_: object,
     ) -> AsyncIterator[TokenEvent]:
         self.prompts.append(prompt)
         return self._stream(request_id or "fake")

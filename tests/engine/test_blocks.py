@@ -113,3 +113,23 @@ def test_hit_on_evictable_block_counts_against_free_space():
     assert bm.num_free_blocks == 0
     bm.free(b)
     assert bm.num_free_blocks == 3
+
+
+def test_prefix_blocks_are_shared_within_a_salt_only():
+    """Two tenants sending the same prompt share no cached block (each tenant's chain starts
+    from its own salt), while one tenant's repeat hits its own."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    tokens = list(range(13))
+
+    def run(salt):
+        seq = make_seq(salt, tokens, cache_salt=salt)
+        hits, n = bm.get_computed_blocks(seq)
+        assert bm.allocate_slots(seq, len(tokens) - n, hits) is not None
+        seq.num_computed_tokens = len(tokens)
+        bm.cache_full_blocks(seq)
+        bm.free(seq)
+        return n
+
+    assert run("tenant-a") == 0
+    assert run("tenant-b") == 0  # the same tokens, another tenant: nothing shared
+    assert run("tenant-a") == 12  # its own repeat: three full blocks

@@ -139,3 +139,42 @@ def test_closing_the_stream_cancels_the_request():
         asyncio.run(main())
     finally:
         engine.close()
+
+
+def test_a_request_that_breaks_its_step_fails_alone():
+    """An exception that one request brings into the step loop (a sampler that refuses its
+    parameters, say) fails that request, with an error, and the others carry on: the step is
+    run again one sequence at a time."""
+    from rag.engine import EngineError
+
+    engine = make_fake_engine()
+    execute = engine.runner.execute
+
+    def fussy(out):
+        if any(c.params.top_k == 13 for c in out.chunks):
+            raise RuntimeError("the sampler refuses this request")
+        return execute(out)
+
+    engine.runner.execute = fussy
+
+    async def main():
+        honest = asyncio.ensure_future(collect(engine.submit("ab", SamplingParams(max_tokens=6))))
+        bad = engine.submit("xy", SamplingParams(max_tokens=6, top_k=13))
+        with pytest.raises(EngineError):
+            await collect(bad)
+        text, last = await honest
+        assert text == "cdefgh" and last.finish_reason is FinishReason.LENGTH
+        assert last.usage.completion_tokens == 6
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+
+
+def test_an_out_of_range_seed_is_refused_before_any_work(fake_engine):
+    async def main():
+        with pytest.raises(InvalidRequest, match="seed"):
+            fake_engine.submit("ab", SamplingParams(max_tokens=4, temperature=0.7, seed=10**30))
+
+    asyncio.run(main())

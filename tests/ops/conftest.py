@@ -16,7 +16,11 @@ class RecordingEngine(BackendBasics):
         self.prompts: list[Any] = []
 
     def submit(
-        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        **_: object,
     ) -> AsyncIterator[TokenEvent]:
         self.prompts.append(prompt)
         return self._stream(request_id or "ops")

@@ -37,7 +37,7 @@ from rag.config import Settings
 from rag.db import collections
 from rag.db.models import Collection
 from rag.engine.sequence import SamplingParams
-from rag.errors import Invalid, NotFound
+from rag.errors import GenerationFailed, Invalid, NotFound
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
 from rag.services import Services
@@ -126,6 +126,8 @@ async def chat_completions(
     if not body.stream:
         final = await collect(services, prep)
         observe_stages("chat", final.timings_ms)
+        if final.finish_reason == "error":  # OpenAI's finish reasons have no word for it
+            raise GenerationFailed("the generator failed while answering; try again")
         return {
             "id": cid,
             "object": "chat.completion",
@@ -173,6 +175,12 @@ async def _chunks(
                 yield chunk({"content": item})
                 continue
             observe_stages("chat", item.timings_ms)
+            if item.finish_reason == "error":
+                # A failure is an error event, never a normal finish.
+                failure = {"error": {"code": "generation_failed", "message": "the generator "
+                                     "failed while answering; try again"}}  # fmt: skip
+                yield f"data: {json.dumps(failure)}\n\n".encode()
+                continue
             reason = _REASONS.get(item.finish_reason, "stop")
             yield chunk({}, reason, **_extras(prep, item), usage=_usage(item))
             if include_usage:
