@@ -7,12 +7,12 @@ Importing this module does not import torch; building a local engine does.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rag.engine.blocks import BlockManager
 from rag.engine.config import EngineSettings
 from rag.engine.engine import Engine
-from rag.engine.protocol import GenerationBackend
+from rag.engine.protocol import GenerationBackend, Tokenizer
 from rag.engine.scheduler import SchedulerConfig
 from rag.engine.spec import SpecConfig
 from rag.engine.tokenizer import HFTokenizer
@@ -20,6 +20,7 @@ from rag.engine.tokenizer import HFTokenizer
 if TYPE_CHECKING:
     import torch
 
+    from rag.engine.model import LlamaModel
     from rag.engine.quant import WeightFormat
 
 logger = logging.getLogger(__name__)
@@ -59,13 +60,11 @@ def resolve_weights(name: str, device: torch.device, have_kernels: bool) -> Weig
 
 
 def build_local_engine(settings: EngineSettings) -> Engine:
-    """Load the model, size the KV cache and wire scheduler, block manager and runner."""
+    """Load the configured model and assemble an engine around it."""
     import torch
 
     from rag.engine.kernels import kernels
     from rag.engine.loader import load_model
-    from rag.engine.quant import fused_decode
-    from rag.engine.runner import KVCacheSpec, ModelRunner, kv_bytes_per_block
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -74,25 +73,67 @@ def build_local_engine(settings: EngineSettings) -> Engine:
     compiled = kernels() if device.type == "cpu" else None
     weights = resolve_weights(settings.weights, device, compiled is not None)
     loaded = load_model(settings.model_path, settings.cache_dir, device, dtype, weights, compiled)
+    return assemble(
+        loaded.model, HFTokenizer(loaded.tokenizer), loaded.eos_token_ids, settings, compiled
+    )
+
+
+def engine_for_model(
+    model: LlamaModel,
+    tokenizer: Tokenizer,
+    eos_token_ids: tuple[int, ...],
+    settings: EngineSettings,
+) -> Engine:
+    """An engine around a model built in memory (float32, on the CPU): put in the configured
+    weight format, dtype and device. For checks that bring their own weights (a random model
+    of a known shape on a GPU machine, tests)."""
+    import torch
+
+    from rag.engine.kernels import kernels
+    from rag.engine.loader import prepare_model
+
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    compiled = kernels() if device.type == "cpu" else None
+    weights = resolve_weights(settings.weights, device, compiled is not None)
+    with torch.no_grad():
+        model = prepare_model(model, device, dtype, weights, compiled)
+    return assemble(model, tokenizer, eos_token_ids, settings, compiled)
+
+
+def assemble(
+    model: LlamaModel,
+    tokenizer: Tokenizer,
+    eos_token_ids: tuple[int, ...],
+    settings: EngineSettings,
+    compiled: Any | None,
+) -> Engine:
+    """Size the KV cache and wire scheduler, block manager and runner around a prepared model."""
+    from rag.engine.quant import fused_decode
+    from rag.engine.runner import KVCacheSpec, ModelRunner, kv_bytes_per_block
+
+    device = next(iter(model.buffers())).device
+    dtype = model.act_dtype
     if settings.fused_decode:
-        loaded.model.fuse_decode(fused_decode(loaded.model, compiled))
-    cfg = loaded.config
+        model.fuse_decode(fused_decode(model, compiled))
+    cfg = model.cfg
     max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
     bs = settings.block_size
     num_blocks = settings.num_kv_blocks or max(
-        2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(loaded.model, bs, dtype)
+        2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(model, bs, dtype)
     )
     # A lone sequence of max_model_len must always fit, or it could never finish.
     max_model_len = min(max_model_len, num_blocks * bs - 1)
     logger.info(
         "engine: %s, activations %s, weights %s, %d KV blocks of %d tokens, context %d",
-        device, dtype, weights, num_blocks, bs, max_model_len,
+        device, dtype, model.weight_format, num_blocks, bs, max_model_len,
     )  # fmt: skip
     runner = ModelRunner(
-        loaded.model,
+        model,
         KVCacheSpec(num_blocks, bs),
         device,
         attention_kernel=settings.cpu_attention_kernel,
+        cuda_graphs=settings.cuda_graphs,
     )
     bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
     spec = (
@@ -107,7 +148,4 @@ def build_local_engine(settings: EngineSettings) -> Engine:
         spec=spec,
         itl_target_ms=settings.itl_target_ms,
     )
-    return Engine(
-        runner, HFTokenizer(loaded.tokenizer), sched, bm, loaded.eos_token_ids,
-        settings.max_waiting,
-    )  # fmt: skip
+    return Engine(runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting)

@@ -74,6 +74,12 @@ class EngineSettings(BaseModel):
         "of a step of single tokens in one compiled call (rag/engine/csrc/decode.cpp) rather "
         "than as thirty layers of small torch ops.",
     )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="On CUDA, capture decode steps as CUDA graphs by batch size and context "
+        "length bucket (replayed instead of launching each kernel); checked against the eager "
+        "step at capture, and turned off if they disagree.",
+    )
     cpu_attention_kernel: bool = Field(
         default=True,
         description="On CPU in float32, attend decode tokens with ragserve's compiled "

@@ -112,6 +112,27 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def prepare_model(
+    model: LlamaModel,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: WeightFormat,
+    kernels: Any | None = None,
+) -> LlamaModel:
+    """A loaded model (on the CPU, float32 or already in `dtype`) in the weight format
+    `weights` with activations in `dtype`, moved to `device`."""
+    plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weights)
+    if plain != dtype or model.act_dtype != dtype:
+        # Packed from float32 on the CPU, then moved: weights that came from a GGUF are
+        # quantized from their exact dequantized values.
+        apply_weight_format(model, weights, dtype, kernels)
+    for param in model.parameters():  # what is left: the norms (and biases of plain linears)
+        param.data = param.data.to(dtype)
+    model.act_dtype = dtype
+    model.weight_format = weights
+    return model.to(device=device).eval()
+
+
 def load_model(
     model_path: str | None,
     cache_dir: str | None,
@@ -132,18 +153,9 @@ def load_model(
     with torch.device("meta"):
         model = LlamaModel(cfg)
     plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weights)
-    if plain == dtype:
-        # Dense weights in the activations' dtype: the plain model.
-        model.load_hf_state_dict({k: v.to(dtype) for k, v in _read_state_dict(folder).items()})
-    else:
-        # Packed from float32 on the CPU, then moved: weights that came from a GGUF are
-        # quantized from their exact dequantized values.
-        model.load_hf_state_dict({k: v.float() for k, v in _read_state_dict(folder).items()})
-        apply_weight_format(model, weights, dtype, kernels)
-    for param in model.parameters():  # what is left: the norms (and biases of plain linears)
-        param.data = param.data.to(dtype)
-    model.act_dtype = dtype
-    model = model.to(device=device).eval()
+    dense = dtype if plain == dtype else torch.float32
+    model.load_hf_state_dict({k: v.to(dense) for k, v in _read_state_dict(folder).items()})
+    model = prepare_model(model, device, dtype, weights, kernels)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     eos = list(cfg.eos_token_ids)
     gen_path = folder / "generation_config.json"

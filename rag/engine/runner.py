@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from rag.engine.kernels import PagedDecode, paged_decode_kernel
 from rag.engine.model import AttentionMetadata, LlamaModel
 from rag.engine.sampler import Sampler
 from rag.engine.scheduler import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+
+if TYPE_CHECKING:
+    from rag.engine.cuda import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -38,22 +42,35 @@ class ModelRunner:
         device: torch.device,
         *,
         attention_kernel: bool = False,
+        cuda_graphs: bool = False,
     ):
         self.model = model
         self.device = device
         self.block_size = spec.block_size
         cfg = model.cfg
         dtype = model.act_dtype
-        # kv_caches: [num_layers, 2, NB, Hkv, BS, D]
+        on_cuda = device.type == "cuda"
+        # kv_caches: [num_layers, 2, NB, Hkv, BS, D]; on CUDA one block more, the scratch
+        # block the padding rows of a captured decode step write into.
         self.kv_caches = torch.zeros(
-            cfg.num_layers, 2, spec.num_blocks, cfg.num_kv_heads, spec.block_size,
-            cfg.head_dim, dtype=dtype, device=device,
+            cfg.num_layers, 2, spec.num_blocks + (1 if on_cuda else 0), cfg.num_kv_heads,
+            spec.block_size, cfg.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.sampler = Sampler(device)
-        # Decode attention: the compiled kernel where it applies (CPU, float32), else torch.
+        # Decode attention: the compiled kernel where it applies (CPU, float32), Triton on
+        # CUDA, else the torch path.
         self.decode_kernel: PagedDecode | None = None
         if attention_kernel and device.type == "cpu" and dtype == torch.float32:
             self.decode_kernel = paged_decode_kernel()
+        elif attention_kernel and on_cuda:
+            from rag.engine.cuda import triton_paged_decode
+
+            self.decode_kernel = triton_paged_decode()
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and on_cuda:
+            from rag.engine.cuda import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, spec.num_blocks, spec.block_size)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -62,7 +79,14 @@ class ModelRunner:
         if not out.chunks:
             return ModelRunnerOutput(sampled={})
         input_ids, positions, meta, wanted = self._prepare(out.chunks)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, E]
+        hidden = None
+        if self.graphs is not None and meta.num_decodes == input_ids.shape[0]:
+            hidden = self.graphs.run(
+                input_ids, positions, self.kv_caches, meta, self.model.cfg.num_kv_heads,
+                eager=lambda: self.model(input_ids, positions, self.kv_caches, meta),
+            )  # fmt: skip
+        if hidden is None:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, E]
         if not wanted:
             return ModelRunnerOutput(sampled={})
         rows = torch.tensor([r for _, chunk_rows in wanted for r in chunk_rows], device=self.device)
