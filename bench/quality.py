@@ -125,7 +125,15 @@ def insert_passages(
             sha = hashlib.sha256(data).hexdigest()
             doc_id = new_id()
             doc_ids.append(doc_id)
-            blobs.append({"sha256": sha, "size": len(data), "data": data, "created_at": t})
+            blobs.append(
+                {
+                    "tenant_id": tenant_id,
+                    "sha256": sha,
+                    "size": len(data),
+                    "data": data,
+                    "created_at": t,
+                }
+            )
             docs.append(
                 {
                     "id": doc_id,

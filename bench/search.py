@@ -365,7 +365,9 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
         sha = hashlib.sha256(data).hexdigest()
         with services.db.write() as session:
             t = now()
-            session.execute(insert(Blob).values(sha256=sha, size=len(data), data=data))
+            session.execute(
+                insert(Blob).values(tenant_id=tenant_id, sha256=sha, size=len(data), data=data)
+            )
             doc = Document(
                 tenant_id=tenant_id,
                 collection_id=cid,

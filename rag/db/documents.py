@@ -1,4 +1,5 @@
-"""Documents: uploaded bytes (a blob under its sha256), their metadata and extracted text."""
+"""Documents: uploaded bytes (their tenant's blob under its sha256), their metadata and
+extracted text."""
 
 from __future__ import annotations
 
@@ -26,11 +27,24 @@ class Accepted:
     duplicate: bool
 
 
-def _insert_blob(session: Session, sha256: str, data: bytes) -> None:
-    values = {"sha256": sha256, "size": len(data), "data": data, "created_at": now()}
-    dialect = session.get_bind().dialect.name
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    session.execute(insert(Blob).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
+def _insert_blob(session: Session, tenant_id: str, sha256: str, data: bytes) -> None:
+    """The tenant's copy of the bytes, unless it has them already."""
+    values = {
+        "tenant_id": tenant_id,
+        "sha256": sha256,
+        "size": len(data),
+        "data": data,
+        "created_at": now(),
+    }
+    keys = ["tenant_id", "sha256"]
+    if session.get_bind().dialect.name == "postgresql":
+        # DO UPDATE (not DO NOTHING) locks the row it finds: a purge deleting that blob right
+        # now either commits first (and the insert happens) or waits for this upload.
+        stmt = pg_insert(Blob).values(**values)
+        stmt = stmt.on_conflict_do_update(index_elements=keys, set_={"size": stmt.excluded.size})
+        session.execute(stmt)
+    else:  # SQLite writers are serialised: nothing can delete it under us
+        session.execute(sqlite_insert(Blob).values(**values).on_conflict_do_nothing(keys))
 
 
 def _live_duplicate(session: Session, collection_id: str, sha256: str) -> Accepted | None:
@@ -72,7 +86,7 @@ def add(
     existing = _live_duplicate(session, collection.id, sha256)
     if existing is not None:
         return existing
-    _insert_blob(session, sha256, data)
+    _insert_blob(session, collection.tenant_id, sha256, data)
     doc = Document(
         tenant_id=collection.tenant_id,
         collection_id=collection.id,

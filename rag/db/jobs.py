@@ -170,7 +170,7 @@ def load_input(db: Database, job: ClaimedJob) -> JobInput | None:
         row = session.execute(
             select(Document, Collection, Blob.data)
             .join(Collection, Collection.id == Document.collection_id)
-            .join(Blob, Blob.sha256 == Document.sha256)
+            .join(Blob, (Blob.tenant_id == Document.tenant_id) & (Blob.sha256 == Document.sha256))
             .where(Document.id == job.document_id)
         ).first()
     if row is None:

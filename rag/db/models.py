@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -92,10 +93,16 @@ class Collection(Base):
 
 
 class Blob(Base):
-    """Uploaded bytes, stored under their sha256 in the same transaction as the document."""
+    """Uploaded bytes, stored under their tenant and sha256 in the same transaction as the
+    document. One copy per tenant: a tenant's bytes can be erased without asking whether
+    another tenant uploaded the same file, and an upload's timing says nothing about what
+    other tenants hold."""
 
     __tablename__ = "blobs"
 
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[bytes] = mapped_column(LargeBinary)
@@ -125,6 +132,10 @@ class Document(Base):
             "status",
             "chunk_count",
         ),
+        # The document's bytes: its tenant's copy of the blob.
+        ForeignKeyConstraint(
+            ["tenant_id", "sha256"], ["blobs.tenant_id", "blobs.sha256"], name="fk_documents_blob"
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -132,7 +143,7 @@ class Document(Base):
     collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
     filename: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(100))
-    sha256: Mapped[str] = mapped_column(String(64), ForeignKey("blobs.sha256"))
+    sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)
     # queued -> parsing -> embedding -> indexed | failed; deleted is a tombstone.
     status: Mapped[str] = mapped_column(String(20), default="queued")
@@ -173,10 +184,15 @@ class Chunk(Base):
 
 class IngestJob(Base):
     __tablename__ = "ingest_jobs"
-    __table_args__ = (Index("ix_ingest_jobs_claim", "state", "run_after"),)
+    __table_args__ = (
+        Index("ix_ingest_jobs_claim", "state", "run_after"),
+        # A claim takes each tenant's oldest due jobs in turn; a tenant's pending jobs are
+        # counted against its limit at every upload.
+        Index("ix_ingest_jobs_tenant_claim", "tenant_id", "state", "run_after"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
     collection_id: Mapped[str] = mapped_column(String(32))
     document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
     # queued -> running -> done | failed
@@ -202,11 +218,17 @@ class ChangeLog(Base):
     """
 
     __tablename__ = "change_log"
-    __table_args__ = (Index("ix_change_log_collection_seq", "collection_id", "seq"),)
+    __table_args__ = (
+        Index("ix_change_log_collection_seq", "collection_id", "seq"),
+        # The purge finds (and drops) a document's entries.
+        Index("ix_change_log_document", "document_id"),
+    )
 
     seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     collection_id: Mapped[str] = mapped_column(String(32))
-    # "add" or "remove"
+    # "add" or "remove". Every chunk that leaves the record gets a "remove" (at the delete, or
+    # at the purge for a deleted collection's chunks); "add" entries of purged chunks are
+    # dropped with them. Entries hold ids only, never content.
     op: Mapped[str] = mapped_column(String(10))
     chunk_id: Mapped[int] = mapped_column(BigInteger)
     document_id: Mapped[str] = mapped_column(String(32))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import inspect
+import pytest
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from rag.db import Database
 from rag.db.migrate import downgrade, upgrade
@@ -59,5 +61,77 @@ def test_models_and_migrations_agree(db_url: str) -> None:
             )
             diff = compare_metadata(ctx, Base.metadata)
         assert diff == []
+    finally:
+        db.dispose()
+
+
+def test_blobs_become_per_tenant_and_nothing_else_moves(db_url: str) -> None:
+    """0005 on a database with data: a blob two tenants share becomes one copy each, an
+    unused blob goes, and rebuilding the documents table cascades nothing into its children
+    (chunks and jobs stay)."""
+    db = Database(db_url)
+    try:
+        upgrade(db, "0004")
+        with db.engine.begin() as conn:
+            for t in ("ta", "tb"):
+                conn.execute(
+                    text("INSERT INTO tenants (id, name, created_at) VALUES (:t, :t, 0)"), {"t": t}
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO collections (id, tenant_id, name, description, "
+                        "embedding_model, embedding_dim, chunk_tokens, chunk_overlap, index_kind, "
+                        "index_params, search_defaults, created_at) VALUES "
+                        "(:c, :t, 'c', '', 'm', 4, 200, 32, 'auto', '{}', '{}', 0)"
+                    ),
+                    {"c": f"c{t}", "t": t},
+                )
+            for sha, data in (("s1", b"shared bytes"), ("s2", b"unused bytes")):
+                conn.execute(
+                    text(
+                        "INSERT INTO blobs (sha256, size, data, created_at) VALUES (:s, :n, :d, 0)"
+                    ),
+                    {"s": sha, "n": len(data), "d": data},
+                )
+            for t in ("ta", "tb"):
+                conn.execute(
+                    text(
+                        "INSERT INTO documents (id, tenant_id, collection_id, filename, "
+                        "media_type, sha256, size, status, metadata, chunk_count, created_at, "
+                        "updated_at) VALUES (:d, :t, :c, 'f', 'text/plain', 's1', 12, 'indexed', "
+                        "'{}', 1, 0, 0)"
+                    ),
+                    {"d": f"d{t}", "t": t, "c": f"c{t}"},
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO chunks (uid, document_id, collection_id, tenant_id, ordinal, "
+                        "text, start_char, end_char, token_count, embedding, embedding_model, "
+                        "created_at) VALUES (:u, :d, :c, :t, 0, 'x', 0, 1, 1, :e, 'm', 0)"
+                    ),
+                    {"u": f"u{t}", "d": f"d{t}", "c": f"c{t}", "t": t, "e": b"\0" * 16},
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO ingest_jobs (id, tenant_id, collection_id, document_id, state, "
+                        "attempts, max_attempts, run_after, created_at, updated_at) VALUES "
+                        "(:j, :t, :c, :d, 'done', 1, 5, 0, 0, 0)"
+                    ),
+                    {"j": f"j{t}", "t": t, "c": f"c{t}", "d": f"d{t}"},
+                )
+        upgrade(db)
+        with db.engine.connect() as conn:
+            blobs = conn.execute(text("SELECT tenant_id, sha256, data FROM blobs")).all()
+            assert sorted(blobs) == [("ta", "s1", b"shared bytes"), ("tb", "s1", b"shared bytes")]
+            assert conn.execute(text("SELECT count(*) FROM documents")).scalar() == 2
+            assert conn.execute(text("SELECT count(*) FROM chunks")).scalar() == 2
+            assert conn.execute(text("SELECT count(*) FROM ingest_jobs")).scalar() == 2
+        # The documents' foreign key now names their own tenant's copy.
+        with pytest.raises(IntegrityError), db.engine.begin() as conn:
+            conn.execute(text("DELETE FROM blobs WHERE tenant_id = 'ta'"))
+        downgrade(db, "0004")
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT sha256 FROM blobs")).scalars().all() == ["s1"]
+            assert conn.execute(text("SELECT count(*) FROM chunks")).scalar() == 2
     finally:
         db.dispose()

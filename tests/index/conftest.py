@@ -70,8 +70,8 @@ class Seeder:
         sha = hashlib.sha256(data).hexdigest()
         with self.db.write() as s:
             s.get(Collection, collection_id, with_for_update=True)
-            if s.get(Blob, sha) is None:
-                s.add(Blob(sha256=sha, size=len(data), data=data))
+            if s.get(Blob, (self.tenant_id, sha)) is None:
+                s.add(Blob(tenant_id=self.tenant_id, sha256=sha, size=len(data), data=data))
             doc = Document(
                 tenant_id=self.tenant_id,
                 collection_id=collection_id,
