@@ -106,7 +106,10 @@ class BlockManager:
             return
         bs = self.block_size
         hashes = self._seq_hashes.setdefault(seq.seq_no, [])
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        computed = seq.num_computed_tokens
+        if seq.exact_until is not None:  # reused passages' KV is not exact: not a prefix
+            computed = min(computed, seq.exact_until)
+        num_full = min(computed // bs, len(seq.block_table))
         for i in range(len(hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(hashes[-1] if hashes else salt_root(seq.cache_salt), tokens)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rag.engine.blocks import BlockManager
 from rag.engine.config import EngineSettings
 from rag.engine.engine import Engine
+from rag.engine.passages import PassageKVCache
 from rag.engine.protocol import GenerationBackend, Tokenizer
 from rag.engine.scheduler import SchedulerConfig
 from rag.engine.spec import SpecConfig
@@ -128,12 +129,16 @@ def assemble(
         "engine: %s, activations %s, weights %s, %d KV blocks of %d tokens, context %d",
         device, dtype, model.weight_format, num_blocks, bs, max_model_len,
     )  # fmt: skip
+    passages = (
+        PassageKVCache(settings.passage_cache_mb * 2**20) if settings.passage_cache_mb else None
+    )
     runner = ModelRunner(
         model,
         KVCacheSpec(num_blocks, bs),
         device,
         attention_kernel=settings.cpu_attention_kernel,
         cuda_graphs=settings.cuda_graphs,
+        passages=passages,
     )
     bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
     spec = (
@@ -147,5 +152,8 @@ def assemble(
         max_model_len=max_model_len,
         spec=spec,
         itl_target_ms=settings.itl_target_ms,
+        recompute_first=settings.recompute_first,
     )
-    return Engine(runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting)
+    return Engine(
+        runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages
+    )

@@ -58,6 +58,19 @@ class EngineSettings(BaseModel):
         default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
     )
     enable_prefix_caching: bool = True
+    passage_cache_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="The passage KV cache (rag.engine.passages): each passage's KV kept for "
+        "reuse in later prompts. At 46 KB a token (SmolLM2, float32), 1024 MB hold ~22,000 "
+        "passage tokens (about 110 chunks of 200 tokens). 0 turns it off.",
+    )
+    recompute_first: int = Field(
+        default=8,
+        ge=0,
+        description="Tokens at the start of each reused passage recomputed in place (what "
+        "repairs the attention its cached KV could not have to this prompt's other passages).",
+    )
     speculative: bool = Field(
         default=True,
         description="Speculative decoding by prompt lookup: draft the tokens that followed the "

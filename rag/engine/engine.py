@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag.engine.blocks import BlockManager
-from rag.engine.protocol import EngineMetrics, Prompt, Runner, Tokenizer
+from rag.engine.passages import PassageKVCache, PassageStats
+from rag.engine.protocol import EngineMetrics, Prompt, Runner, SegmentedPrompt, Tokenizer
 from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
 from rag.engine.sequence import (
     EngineError,
@@ -89,13 +90,18 @@ class Engine:
         block_manager: BlockManager,
         eos_token_ids: tuple[int, ...] = (),
         max_waiting: int = 256,
+        passages: PassageKVCache | None = None,
     ):
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = scheduler_config
         self.max_model_len = scheduler_config.max_model_len
         self.block_manager = block_manager
-        self.scheduler = Scheduler(scheduler_config, block_manager)
+        # The passage KV cache lives with the runner's tensors; the scheduler plans with its
+        # index, and deletes reach it through drop_chunks.
+        self.passages = passages
+        lookup = passages.tokens_of if passages is not None else None
+        self.scheduler = Scheduler(scheduler_config, block_manager, lookup)
         self.eos_token_ids = eos_token_ids
         self.max_waiting = max_waiting
         self._cv = threading.Condition()
@@ -135,7 +141,7 @@ class Engine:
         params.validate(self.max_model_len)
         if isinstance(prompt, str) and not prompt:
             raise InvalidRequest("empty prompt")
-        token_ids = self.tokenizer.encode_prompt(prompt)
+        token_ids, spans = self.tokenizer.encode_segments(prompt)
         if not token_ids:
             raise InvalidRequest("prompt has no tokens")
         if len(token_ids) >= self.max_model_len:
@@ -146,8 +152,11 @@ class Engine:
         request_id = request_id or uuid.uuid4().hex
         seq = Sequence(
             request_id, token_ids, params, self.max_model_len, self.eos_token_ids,
-            cache_salt=cache_salt,
+            cache_salt=cache_salt, segments=spans,
+            kv_reuse=prompt.kv_reuse if isinstance(prompt, SegmentedPrompt) else "prefix",
         )  # fmt: skip
+        if seq.kv_reuse == "off":
+            seq.cache_salt = f"{cache_salt}|{uuid.uuid4().hex}"  # no prefix shared either
         stream = RequestStream(self, request_id)
         with self._cv:
             if self._stopping:
@@ -185,7 +194,25 @@ class Engine:
             generated_tokens=self._generated,
             draft_tokens=s.num_drafted,
             accepted_tokens=s.num_accepted,
+            passages=self._passage_stats(),
         )
+
+    def _passage_stats(self) -> PassageStats:
+        if self.passages is None:
+            return PassageStats()
+        stats = self.passages.stats
+        s = self.scheduler
+        return PassageStats(
+            hits=s.num_passage_hits, misses=s.num_passage_misses, evictions=stats.evictions,
+            stored=stats.stored, reused_tokens=stats.reused_tokens,
+            recomputed_tokens=s.num_recomputed_tokens, entries=len(self.passages),
+            bytes=self.passages.used_bytes,
+        )  # fmt: skip
+
+    def drop_chunks(self, chunk_ids: set[int]) -> None:
+        """Forget the cached KV of these chunks (their documents were deleted)."""
+        if self.passages is not None:
+            self.passages.drop_chunks(chunk_ids)
 
     def close(self) -> None:
         with self._cv:
@@ -340,7 +367,7 @@ class Engine:
                 prefill_ms = round((seq.first_token_time - seq.first_scheduled_time) * 1000.0, 3)
         usage = Usage(
             seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens,
-            queue_ms, prefill_ms,
+            queue_ms, prefill_ms, seq.num_reused_tokens, seq.num_recomputed_tokens,
         )  # fmt: skip
         ev = TokenEvent(seq.request_id, req.text[req.sent :], tuple(req.pending_ids), reason, usage)
         req.sent = len(req.text)

@@ -85,8 +85,9 @@ class AttentionMetadata:
     num_decodes: int  # B: tokens 0..B-1 are single-token chunks
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] long (padded with 0)
     decode_bias: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size]: 0 or -inf
-    prefills: list[tuple[int, int, int, torch.Tensor]]  # (q_start, q_len, start_pos, blocks)
-    # [q_len, ctx] bool, True = visible (causal); None when the chunk starts at position 0
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (q_start, q_len, ctx_len, blocks)
+    # [q_len, ctx_len] bool, True = visible (causal over the positions); None: the chunk is
+    # positions 0..q_len-1 and sees only itself
     prefill_biases: list[torch.Tensor | None]
     # The compiled decode kernel (rag.engine.kernels) and what it reads instead of the bias:
     # each decode's context length, [B] long. None: the torch path below.
@@ -112,6 +113,18 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     elif sc:
         raise ValueError(f"unsupported rope scaling {sc.get('rope_type', sc.get('type'))!r}")
     return inv_freq
+
+
+def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Keys computed at position p, as computed at p + delta: RoPE rotations compose, so
+    rotating by delta's angles moves them (k [..., D], the rotate-half layout)."""
+    if delta == 0:
+        return k
+    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2], in float64: large deltas
+    cos = torch.cat((angles.cos(), angles.cos())).to(k.dtype)
+    sin = torch.cat((angles.sin(), angles.sin())).to(k.dtype)
+    x1, x2 = k.chunk(2, dim=-1)
+    return k * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -170,11 +183,11 @@ class Attention(nn.Module):
         b = meta.num_decodes
         if b:
             out[:b] = self._decode(q[:b], k_cache, v_cache, meta)
-        for (q_start, q_len, start_pos, blocks), bias in zip(
+        for (q_start, q_len, ctx, blocks), bias in zip(
             meta.prefills, meta.prefill_biases, strict=True
         ):
             qp = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if start_pos == 0:
+            if bias is None:
                 # Nothing cached before this chunk: attend to the chunk's own K/V.
                 kp = k[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, q, D]
                 vp = v[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
@@ -182,7 +195,6 @@ class Attention(nn.Module):
                     qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True
                 )
             else:
-                ctx = start_pos + q_len
                 kp = _context(k_cache, blocks, ctx).unsqueeze(0)  # [1, Hkv, L, D]
                 vp = _context(v_cache, blocks, ctx).unsqueeze(0)
                 op = F.scaled_dot_product_attention(

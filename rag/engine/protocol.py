@@ -6,14 +6,45 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
+from rag.engine.passages import PassageStats
 from rag.engine.scheduler import ModelRunnerOutput, SchedulerOutput
-from rag.engine.sequence import SamplingParams, TokenEvent
+from rag.engine.sequence import SamplingParams, SegmentSpan, TokenEvent
 
-# A raw completion prompt, or chat messages ({"role", "content"}) for the model's template.
-Prompt = str | list[dict[str, str]]
+KvReuse = Literal["blend", "prefix", "off"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a prompt's text whose KV may be reused in other prompts: a passage.
+    `key` names it (the chunk it quotes and a hash of its rendered text, salted by tenant):
+    equal keys mean equal text."""
+
+    text: str
+    key: str
+    chunk_id: int | None = None  # what a delete drops
+
+
+@dataclass(frozen=True)
+class SegmentedPrompt:
+    """Chat messages whose text holds `segments` verbatim, in order. Each segment is
+    tokenized on its own, so its tokens (and KV) are the same in every prompt it appears in.
+
+    `kv_reuse`: "blend" reuses a segment's KV computed in an earlier prompt, moved to its new
+    position and partly recomputed (rag.engine.passages); "prefix" reuses only an identical
+    prompt prefix; "off" computes everything. A backend without a passage cache (a remote
+    server) sends the messages."""
+
+    messages: list[dict[str, str]]
+    segments: tuple[Segment, ...]
+    kv_reuse: KvReuse = "blend"
+
+
+# A raw completion prompt, chat messages ({"role", "content"}) for the model's template, or
+# chat messages with reusable segments.
+Prompt = str | list[dict[str, str]] | SegmentedPrompt
 
 
 @dataclass(frozen=True)
@@ -30,6 +61,7 @@ class EngineMetrics:
     generated_tokens: int
     draft_tokens: int = 0  # speculative drafts verified
     accepted_tokens: int = 0  # of which accepted
+    passages: PassageStats = field(default_factory=PassageStats)
 
 
 class GenerationBackend(Protocol):
@@ -75,7 +107,17 @@ class GenerationBackend(Protocol):
 
 class Tokenizer(Protocol):
     def encode_prompt(self, prompt: Prompt) -> list[int]: ...
+
+    def encode_segments(self, prompt: Prompt) -> tuple[list[int], list[SegmentSpan]]:
+        """The ids, and where the prompt's segments (if any) lie among them."""
+        ...
+
     def decode(self, token_ids: Seq[int]) -> str: ...
+
+
+def messages_of(prompt: Prompt) -> str | list[dict[str, str]]:
+    """The prompt as a plain completion prompt or chat messages (segments dropped)."""
+    return prompt.messages if isinstance(prompt, SegmentedPrompt) else prompt
 
 
 class Runner(Protocol):
@@ -86,6 +128,7 @@ class Runner(Protocol):
 
 def estimate_tokens(prompt: Prompt) -> int:
     """About three characters a token, plus a few per message for a chat template."""
+    prompt = messages_of(prompt)
     if isinstance(prompt, str):
         return len(prompt) // 3 + 1
     return sum(len(m.get("content") or "") // 3 + 8 for m in prompt)

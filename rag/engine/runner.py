@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
-from rag.engine.model import AttentionMetadata, LlamaModel
+from rag.engine.model import AttentionMetadata, LlamaModel, rotate_keys
+from rag.engine.passages import Entry, PassageKVCache
 from rag.engine.sampler import Sampler
 from rag.engine.scheduler import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 
@@ -24,6 +25,16 @@ logger = logging.getLogger(__name__)
 class KVCacheSpec:
     num_blocks: int
     block_size: int
+
+
+def kv_rows(block_table: list[int], positions: range, block_size: int, hkv: int) -> list[int]:
+    """Rows of (token, KV head) pairs in a layer's cache viewed as [NB * Hkv * BS, D], in
+    token-major order."""
+    out: list[int] = []
+    for i in positions:
+        block, offset = block_table[i // block_size], i % block_size
+        out.extend((block * hkv + h) * block_size + offset for h in range(hkv))
+    return out
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -43,6 +54,7 @@ class ModelRunner:
         *,
         attention_kernel: bool = False,
         cuda_graphs: bool = False,
+        passages: PassageKVCache | None = None,
     ):
         self.model = model
         self.device = device
@@ -57,6 +69,7 @@ class ModelRunner:
             spec.block_size, cfg.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.sampler = Sampler(device)
+        self.passages = passages
         # Decode attention: the compiled kernel where it applies (CPU, float32), Triton on
         # CUDA, else the torch path.
         self.decode_kernel: PagedDecode | None = None
@@ -79,6 +92,9 @@ class ModelRunner:
         if not out.chunks:
             return ModelRunnerOutput(sampled={})
         input_ids, positions, meta, wanted = self._prepare(out.chunks)
+        for chunk in out.chunks:  # every copy before any store: a store may evict
+            if chunk.copies:
+                self._copy_in(chunk)
         hidden = None
         if self.graphs is not None and meta.num_decodes == input_ids.shape[0]:
             hidden = self.graphs.run(
@@ -87,6 +103,9 @@ class ModelRunner:
             )  # fmt: skip
         if hidden is None:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, E]
+        for chunk in out.chunks:
+            if chunk.stores:
+                self._store(chunk)
         if not wanted:
             return ModelRunnerOutput(sampled={})
         rows = torch.tensor([r for _, chunk_rows in wanted for r in chunk_rows], device=self.device)
@@ -134,7 +153,7 @@ class ModelRunner:
             n = len(c.token_ids)
             first = len(ids)
             ids.extend(c.token_ids)
-            p = range(c.start_pos, c.start_pos + n)
+            p = c.positions if c.positions is not None else range(c.start_pos, c.start_pos + n)
             pos.extend(p)
             slots.extend(c.block_table[i // bs] * bs + i % bs for i in p)
             if len(c.token_ids) == 1 or c.num_draft:
@@ -166,14 +185,18 @@ class ModelRunner:
         q_start = num_decodes
         for c in prefills:
             n = len(c.token_ids)
-            nblocks = -(-(c.start_pos + n) // bs)
-            meta_prefills.append((q_start, n, c.start_pos, t(c.block_table[:nblocks])))
-            if c.start_pos == 0:
+            ctx_len = (c.positions[-1] if c.positions is not None else c.start_pos + n - 1) + 1
+            nblocks = -(-ctx_len // bs)
+            meta_prefills.append((q_start, n, ctx_len, t(c.block_table[:nblocks])))
+            if c.start_pos == 0 and c.positions is None:
                 biases.append(None)  # plain causal over the chunk itself
             else:
-                # Query i (at position start_pos + i) sees positions 0..start_pos + i.
-                q_pos = torch.arange(c.start_pos, c.start_pos + n, device=dev)
-                ctx_pos = torch.arange(c.start_pos + n, device=dev)
+                # Query i (at position p_i) sees positions 0..p_i, cached or computed now.
+                if c.positions is not None:
+                    q_pos = t(c.positions)
+                else:
+                    q_pos = torch.arange(c.start_pos, c.start_pos + n, device=dev)
+                ctx_pos = torch.arange(ctx_len, device=dev)
                 biases.append(ctx_pos[None, :] <= q_pos[:, None])
             q_start += n
         # Row of each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D].
@@ -192,3 +215,45 @@ class ModelRunner:
             decode_context_lens=ctx,
         )
         return t(ids), t(pos), meta, wanted
+
+    # ----- passage KV (rag.engine.passages)
+    def _rows(self, chunk: ScheduledChunk, start: int, n: int) -> torch.Tensor:
+        rows = kv_rows(chunk.block_table, range(start, start + n), self.block_size,
+                       self.model.cfg.num_kv_heads)  # fmt: skip
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _copy_in(self, chunk: ScheduledChunk) -> None:
+        """Write the cached passages of a prompt into its blocks, keys rotated to their new
+        positions."""
+        assert self.passages is not None, "a plan with copies needs the passage cache"
+        cfg = self.model.cfg
+        for key, start, n in chunk.copies:
+            entry = self.passages.get(key)
+            assert entry is not None and entry.tokens == n, "a planned passage went missing"
+            k = rotate_keys(entry.k, start - entry.start, self.model.inv_freq)
+            rows = self._rows(chunk, start, n)
+            for layer in range(cfg.num_layers):
+                # [Hkv, n, D] -> token-major [n * Hkv, D], the order of `rows`
+                k_rows = k[layer].transpose(0, 1).reshape(n * cfg.num_kv_heads, cfg.head_dim)
+                v_rows = entry.v[layer].transpose(0, 1).reshape(n * cfg.num_kv_heads, cfg.head_dim)
+                self.kv_caches[layer, 0].view(-1, cfg.head_dim).index_copy_(0, rows, k_rows)
+                self.kv_caches[layer, 1].view(-1, cfg.head_dim).index_copy_(0, rows, v_rows)
+            self.passages.stats.reused_tokens += n
+
+    def _store(self, chunk: ScheduledChunk) -> None:
+        """Keep the KV of the passages this prompt computed, for the prompts to come."""
+        if self.passages is None:
+            return
+        cfg = self.model.cfg
+        for key, start, n, chunk_id in chunk.stores:
+            rows = self._rows(chunk, start, n)
+            ks, vs = [], []
+            for layer in range(cfg.num_layers):
+                k = self.kv_caches[layer, 0].view(-1, cfg.head_dim).index_select(0, rows)
+                v = self.kv_caches[layer, 1].view(-1, cfg.head_dim).index_select(0, rows)
+                ks.append(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1))
+                vs.append(v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1))
+            entry = Entry(
+                torch.stack(ks).contiguous(), torch.stack(vs).contiguous(), start, chunk_id
+            )
+            self.passages.put(key, entry)

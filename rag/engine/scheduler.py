@@ -12,11 +12,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rag.engine.blocks import BlockManager
 from rag.engine.costs import StepCosts
-from rag.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from rag.engine.sequence import (
+    FinishReason,
+    ReusePlan,
+    SamplingParams,
+    Sequence,
+    SequenceStatus,
+)
 from rag.engine.spec import SpecConfig, SpecState, choose_k
 
 logger = logging.getLogger(__name__)
@@ -38,6 +45,9 @@ class SchedulerConfig:
     itl_target_ms: float | None = None
     # Prompt tokens a step always admits while answers stream, so prompts still advance.
     min_prefill_chunk: int = 32
+    # Passage KV reuse ("blend" prompts, rag.engine.passages): the first tokens of each
+    # reused passage that are recomputed in place.
+    recompute_first: int = 8
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,13 @@ class ScheduledChunk:
     # The sequence's tokens so far (prompt and output) when a sampler needs them (penalties,
     # drafts); None otherwise.
     history: list[int] | None = None
+    # Passage KV reuse: the positions of token_ids when they are not contiguous (the tokens
+    # a prompt computes around its reused passages), the cached passages to copy in before
+    # the step (key, position, tokens), and the passages to store after it (key, position,
+    # tokens, chunk id).
+    positions: list[int] | None = None
+    copies: tuple[tuple[str, int, int], ...] = ()
+    stores: tuple[tuple[str, int, int, int | None], ...] = ()
 
 
 @dataclass
@@ -72,7 +89,11 @@ class SchedulerOutput:
     @property
     def num_decode_rows(self) -> int:
         """Single-token rows: decodes, and the tokens of chunks that verify drafts."""
-        return sum(len(c.token_ids) for c in self.chunks if len(c.token_ids) == 1 or c.num_draft)
+        return sum(
+            len(c.token_ids)
+            for c in self.chunks
+            if (len(c.token_ids) == 1 and c.positions is None) or c.num_draft
+        )
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -100,10 +121,20 @@ class StepResult:
     finish_reason: FinishReason | None
 
 
+PassageLookup = Callable[[str], "int | None"]
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        passages: PassageLookup | None = None,
+    ):
         self.config = config
         self.bm = block_manager
+        # The passage KV cache's index (key -> tokens cached), for planning reuse.
+        self.passages = passages
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -113,6 +144,9 @@ class Scheduler:
         self.num_scheduled_tokens = 0
         self.num_drafted = 0  # draft tokens verified
         self.num_accepted = 0  # of which accepted
+        self.num_passage_hits = 0  # passages copied from the passage cache
+        self.num_passage_misses = 0  # passages computed (and stored)
+        self.num_recomputed_tokens = 0  # tokens of reused passages recomputed in place
         self.costs = StepCosts()  # the engine feeds it the measured step times
 
     # ----- requests
@@ -161,7 +195,7 @@ class Scheduler:
 
         # While answers stream, prompt tokens are capped so that the step stays near the
         # time-between-tokens target.
-        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        decoding = sum(1 for s in self.running if self._left(s) == 1)
         prefill_left = budget
         if self.config.itl_target_ms is not None and decoding:
             prefill_left = self.costs.prefill_budget(
@@ -176,7 +210,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            left = seq.num_tokens - seq.num_computed_tokens
+            left = self._left(seq)
             if left > 1 and prefill_left <= 0:
                 i += 1
                 continue  # its prompt waits: this step's prompt share is spent
@@ -207,13 +241,21 @@ class Scheduler:
             ):
                 seq = self.waiting[0]
                 hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
-                num_new = min(seq.num_tokens - num_hit_tokens, budget, prefill_left)
-                need = self.bm.blocks_needed(num_hit_tokens + num_new) - len(hits)
+                plan = self._plan(seq, num_hit_tokens)
+                if plan is not None and plan.sparse:
+                    # Blocks for the whole prompt at once: the copies land all over it.
+                    num_new = min(plan.left, budget, prefill_left)
+                    span = seq.num_tokens - num_hit_tokens
+                else:
+                    num_new = min(seq.num_tokens - num_hit_tokens, budget, prefill_left)
+                    span = num_new
+                need = self.bm.blocks_needed(num_hit_tokens + span) - len(hits)
                 if self.bm.num_free_blocks - need < watermark and self.running:
                     break
-                if self.bm.allocate_slots(seq, num_new, hits) is None:
+                if self.bm.allocate_slots(seq, span, hits) is None:
                     break
                 self.waiting.popleft()
+                seq.plan = plan
                 self.bm.record_prefix_lookup(seq.num_tokens, num_hit_tokens)
                 seq.num_computed_tokens = num_hit_tokens
                 if seq.num_preemptions == 0:
@@ -238,9 +280,17 @@ class Scheduler:
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
             accepted = result.accepted.get(chunk.request_id, []) if chunk.num_draft else []
-            # The KV of rejected drafts is not the sequence's: only the decoded token and the
-            # accepted drafts count as computed (the rest is overwritten next step).
-            seq.num_computed_tokens += len(chunk.token_ids) - chunk.num_draft + len(accepted)
+            plan = seq.plan
+            if chunk.positions is not None and plan is not None:
+                plan.done += len(chunk.token_ids)
+                if plan.left == 0:  # every position around the copies is computed
+                    seq.num_computed_tokens = plan.end
+            else:
+                # The KV of rejected drafts is not the sequence's: only the decoded token and
+                # the accepted drafts count as computed (the rest is overwritten next step).
+                seq.num_computed_tokens += len(chunk.token_ids) - chunk.num_draft + len(accepted)
+            if plan is not None and seq.num_computed_tokens >= plan.end:
+                seq.plan = None
             self.bm.cache_full_blocks(seq)
             if not chunk.sample:
                 continue
@@ -266,11 +316,71 @@ class Scheduler:
         return results
 
     # ----- internals
+    def _left(self, seq: Sequence) -> int:
+        """Tokens the sequence still has to compute before it samples."""
+        plan = seq.plan
+        if plan is not None and plan.sparse:
+            return plan.left
+        return seq.num_tokens - seq.num_computed_tokens
+
+    def _plan(self, seq: Sequence, computed: int) -> ReusePlan | None:
+        """Which of a prompt's passages come from the passage cache, which are stored there
+        once computed. None: nothing to reuse or store (the prompt is computed as usual)."""
+        if seq.kv_reuse != "blend" or not seq.segments or self.passages is None:
+            return None
+        first = self.config.recompute_first
+        positions: list[int] = []
+        copies: list[tuple[str, int, int]] = []
+        stores: list[tuple[str, int, int, int | None]] = []
+        cursor = computed
+        reused = recomputed = 0
+        for span in sorted(seq.segments, key=lambda s: s.start):
+            n = span.end - span.start
+            if span.start < computed or span.end > seq.num_tokens or n <= 0:
+                continue  # inside the prefix hit (or cut): as computed
+            if self.passages(span.key) == n:
+                keep = min(first, n)
+                positions += range(cursor, span.start + keep)
+                copies.append((span.key, span.start, n))
+                reused += n - keep
+                recomputed += keep
+                cursor = span.end
+            else:
+                stores.append((span.key, span.start, n, span.chunk_id))
+        if not copies and not stores:
+            return None
+        positions += range(cursor, seq.num_tokens)
+        if seq.num_preemptions == 0:
+            seq.num_reused_tokens, seq.num_recomputed_tokens = reused, recomputed
+            self.num_passage_hits += len(copies)
+            self.num_passage_misses += len(stores)
+            self.num_recomputed_tokens += recomputed
+        if copies:
+            # Blocks past the first copy hold approximate KV: never shared as an exact prefix.
+            seq.exact_until = copies[0][1]
+        return ReusePlan(positions, tuple(copies), tuple(stores), seq.num_tokens)
+
     def _chunk(
         self, seq: Sequence, num_new: int, drafts: list[int] | None = None
     ) -> ScheduledChunk:
+        plan = seq.plan
+        if plan is not None and plan.sparse:
+            positions = plan.positions[plan.done : plan.done + num_new]
+            last = plan.done + num_new == len(plan.positions)
+            return ScheduledChunk(
+                request_id=seq.request_id,
+                token_ids=[seq.token_ids[p] for p in positions],
+                start_pos=positions[0],
+                block_table=list(seq.block_table),
+                sample=last,
+                params=seq.params,
+                positions=positions,
+                copies=plan.copies if plan.done == 0 else (),
+                stores=plan.stores if last else (),
+            )
         start = seq.num_computed_tokens
         drafts = drafts or []
+        completes = plan is not None and start + num_new == plan.end
         return ScheduledChunk(
             request_id=seq.request_id,
             token_ids=seq.token_ids[start : start + num_new] + drafts,
@@ -280,6 +390,7 @@ class Scheduler:
             params=seq.params,
             num_draft=len(drafts),
             history=seq.token_ids if drafts or seq.params.needs_history else None,
+            stores=plan.stores if completes and plan is not None else (),
         )
 
     def _drafts(self, seq: Sequence, room: int, rows: int, expected: float) -> list[int]:
@@ -314,6 +425,8 @@ class Scheduler:
         self.running.remove(seq)
         self.bm.free(seq)
         seq.num_computed_tokens = 0
+        seq.plan = None
+        seq.exact_until = None
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -78,6 +78,37 @@ class SamplingParams:
             raise InvalidRequest("stop strings must be non-empty")
 
 
+@dataclass(frozen=True)
+class SegmentSpan:
+    """Where a reusable segment's tokens lie in an encoded prompt: positions [start, end)."""
+
+    start: int
+    end: int
+    key: str
+    chunk_id: int | None = None
+
+
+@dataclass
+class ReusePlan:
+    """How a "blend" prompt is computed: copy the cached passages in, compute `positions`
+    (everything else, and each reused passage's first tokens), store the passages computed
+    here (rag.engine.passages)."""
+
+    positions: list[int]
+    copies: tuple[tuple[str, int, int], ...]  # (key, position, tokens)
+    stores: tuple[tuple[str, int, int, int | None], ...]  # (key, position, tokens, chunk id)
+    end: int  # the sequence's length when planned: computed up to here once done
+    done: int = 0  # positions computed so far
+
+    @property
+    def sparse(self) -> bool:
+        return bool(self.copies)
+
+    @property
+    def left(self) -> int:
+        return len(self.positions) - self.done
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -122,6 +153,14 @@ class Sequence:
     # Prefix-cache blocks are shared only among sequences with the same salt (the tenant),
     # so one tenant cannot probe another's recent prompts through cache hits.
     cache_salt: str | None = None
+    # Passage KV reuse (rag.engine.passages): where the prompt's passages lie, the mode, the
+    # plan while the prompt is computed, and where its KV stops being exact.
+    segments: list[SegmentSpan] = field(default_factory=list)
+    kv_reuse: str = "prefix"
+    plan: ReusePlan | None = None
+    exact_until: int | None = None
+    num_reused_tokens: int = 0
+    num_recomputed_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -173,6 +212,11 @@ class Usage:
     # request never got that far, or from a remote engine that does not say).
     queue_ms: float | None = None
     prefill_ms: float | None = None
+    # Prompt tokens whose KV came from the passage cache, and those of reused passages that
+    # were recomputed in place (the rest: cached_prompt_tokens from the prefix cache, and
+    # computed fresh).
+    reused_prompt_tokens: int = 0
+    recomputed_prompt_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -12,16 +12,27 @@ import pytest
 from rag.engine.blocks import BlockManager
 from rag.engine.engine import Engine
 from rag.engine.scheduler import ModelRunnerOutput, SchedulerConfig, SchedulerOutput
-from rag.engine.sequence import SamplingParams, Sequence
+from rag.engine.sequence import SamplingParams, SegmentSpan, Sequence
 
 
 class CharTokenizer:
-    """One token per character (ids are code points); decoding is the inverse."""
+    """One token per character (ids are code points); decoding is the inverse. Chat
+    messages are their contents joined; a segmented prompt's segments get their spans."""
 
     def encode_prompt(self, prompt: Any) -> list[int]:
+        return self.encode_segments(prompt)[0]
+
+    def encode_segments(self, prompt: Any) -> tuple[list[int], list[SegmentSpan]]:
+        segments = getattr(prompt, "segments", ())
         if not isinstance(prompt, str):
-            prompt = "".join(m["content"] for m in prompt)
-        return [ord(c) for c in prompt]
+            prompt = "".join(m["content"] for m in getattr(prompt, "messages", prompt))
+        spans, cursor = [], 0
+        for seg in segments:
+            at = prompt.find(seg.text, cursor)
+            if at >= 0:
+                spans.append(SegmentSpan(at, at + len(seg.text), seg.key, seg.chunk_id))
+                cursor = at + len(seg.text)
+        return [ord(c) for c in prompt], spans
 
     def decode(self, token_ids: Seq[int]) -> str:
         return "".join(chr(t) for t in token_ids)
