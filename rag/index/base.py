@@ -58,6 +58,13 @@ class VectorIndex(Protocol):
         """Remove labels (unknown ones are ignored); returns how many were live."""
         ...
 
+    def erase(self, ids: Ids) -> int:
+        """Remove labels for good (the purge of deleted documents): like `remove`, and no copy
+        of their vectors is left in the memory the index keeps, in what `save` writes, or (an
+        external engine) in its storage (delete, then compact), whether they were live or
+        removed earlier and kept as tombstones. Returns how many were live."""
+        ...
+
     def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         """Top-k per query row. `allowed` restricts results inside the search."""
         ...

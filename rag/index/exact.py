@@ -94,6 +94,14 @@ class ExactIndex:
                 removed += 1
         return removed
 
+    def erase(self, ids: Ids) -> int:
+        removed = self.remove(ids)
+        with self._lock.write():
+            # Rows past the live ones still hold what removal moved out of the way.
+            self._vectors[self._n :] = 0.0
+            self._labels[self._n :] = 0
+        return removed
+
     def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         with self._lock.read():

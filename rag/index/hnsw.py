@@ -131,6 +131,27 @@ class HnswIndex:
                 self._matrix = None
         return removed
 
+    def erase(self, ids: Ids) -> int:
+        """Remove, then overwrite the vectors of these labels with zeros: hnswlib's
+        mark_deleted keeps a deleted element's vector (in memory and in `save`'s file) until
+        a rebuild. Adding to an existing label updates it in place (and un-deletes it), so
+        the labels get a zero vector and are marked deleted again; they stay nodes of the
+        graph, which walks still pass."""
+        ids = as_ids(ids)
+        with self._lock.write():
+            removed = sum(1 for label in ids.tolist() if label in self._live)
+            wanted = set(ids.tolist())
+            known = np.array(
+                [label for label in self._index.get_ids_list() if label in wanted], np.int64
+            )
+            if len(known):
+                self._index.add_items(np.zeros((len(known), self.dim), np.float32), known)
+                for label in known.tolist():
+                    self._index.mark_deleted(label)
+                self._live.difference_update(known.tolist())
+                self._matrix = None
+        return removed
+
     def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         ef = max(knobs.ef_search or self.default_ef_search(), knobs.top_k)

@@ -64,6 +64,10 @@ class FaissFlatIndex(FaissBase):
                 self._gpu.invalidate()
             return len(existing)
 
+    def erase(self, ids: Ids) -> int:
+        # remove_ids compacts the flat storage: nothing of a removed vector is saved.
+        return self.remove(ids)
+
     @one_thread_for_few
     def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)

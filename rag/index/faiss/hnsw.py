@@ -108,6 +108,19 @@ class FaissHNSWIndex(FaissBase):
         with self._lock.write():
             return self._tombstone(as_ids(ids))
 
+    def erase(self, ids: Ids) -> int:
+        """Tombstone, then overwrite the slots of these labels with zeros: faiss HNSW cannot
+        remove, and a tombstoned slot keeps its vector (in memory and in `save`'s file)
+        until a rebuild. The zero vector stays a node of the graph, which walks still pass."""
+        ids = as_ids(ids)
+        with self._lock.write():
+            removed = self._tombstone(ids)
+            n = self._ntotal
+            dead = np.flatnonzero(np.isin(self._labels[:n], ids) & ~self._alive[:n])
+            if len(dead):
+                self._storage_vectors()[dead] = 0.0
+        return removed
+
     def _bitmap(self, subset: Ids | None) -> tuple[Any, npt.NDArray[np.uint8]] | None:
         """An ID selector over slots: live ones, intersected with `subset` labels."""
         n = int(self._index.ntotal)

@@ -145,6 +145,13 @@ class FaissIVFIndex(FaissBase):
                 self._gpu.invalidate()
             return len(existing)
 
+    def erase(self, ids: Ids) -> int:
+        # remove_ids takes the codes out of the inverted lists (or the flat staging index):
+        # nothing of a removed vector is saved. The centroids were trained on what the index
+        # held then, deleted vectors included: means of dozens of vectors each, not copies;
+        # a rebuild retrains them.
+        return self.remove(ids)
+
     @one_thread_for_few
     def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
