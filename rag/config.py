@@ -76,6 +76,27 @@ class IndexSettings(_Section):
     keep_generations: int = Field(2, ge=1)
 
 
+class MilvusSettings(_Section):
+    """Where collections of kind "milvus" keep their vectors: Milvus Standalone or Distributed
+    (or `milvus-lite server`), spoken to over its gRPC API."""
+
+    # e.g. http://milvus:19530; None: no collection may use kind "milvus".
+    uri: str | None = None
+    token: SecretStr | None = None  # "user:password" or an API key
+    db_name: str = ""
+    # Prefixed to every Milvus collection this service creates, so that several ragserve
+    # installations (or test runs) can share one Milvus.
+    collection_prefix: str = Field("ragserve", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+    # Strong: a chunk is searchable as soon as it is written (the in-process indexes'
+    # behaviour); Bounded trades a second or so of staleness for lower search latency.
+    consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = "Strong"
+    # The timeout of a search when the request has no budget, and of every other call.
+    search_timeout_s: float = Field(10.0, gt=0)
+    call_timeout_s: float = Field(60.0, gt=0)
+    # Rows per insert while building or catching up.
+    write_batch: int = Field(2000, ge=1, le=50_000)
+
+
 class SearchSettings(_Section):
     default_k: int = Field(10, ge=1)
     # The documented maximum k of one search.
@@ -131,6 +152,7 @@ class Settings(BaseSettings):
     embed: EmbedSettings = EmbedSettings()
     ingest: IngestSettings = IngestSettings()
     index: IndexSettings = IndexSettings()
+    milvus: MilvusSettings = MilvusSettings()
     search: SearchSettings = SearchSettings()
     engine: EngineSettings = EngineSettings()
     ask: AskSettings = AskSettings()

@@ -28,7 +28,7 @@ class ChunkingIn(Request):
 
 
 IndexKind = Literal[
-    "auto", "exact", "hnsw", "faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw"
+    "auto", "exact", "hnsw", "faiss_flat", "faiss_ivf", "faiss_ivf_sq8", "faiss_hnsw", "milvus"
 ]
 
 

@@ -178,6 +178,40 @@ def vectors_of(
     return vector_codec.decode_rows(((r[0], r[1]) for r in rows), dim)
 
 
+def attributes_of(
+    session: Session, collection_id: str, ids: Sequence[int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(document id, document metadata) of each chunk of `ids`, in their order: what an index
+    that filters inside its own search (Milvus) stores beside the vector."""
+    if not len(ids):
+        return []
+    rows = session.execute(
+        select(Chunk.id, Chunk.document_id, Document.meta)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.id.in_([int(i) for i in ids]), Chunk.collection_id == collection_id)
+    )
+    found = {int(r[0]): (str(r[1]), dict(r[2] or {})) for r in rows}
+    return [found.get(int(i), ("", {})) for i in ids]
+
+
+def metadata_keys_known(
+    session: Session, collection_id: str, metadata: Mapping[str, MetaValue] | None
+) -> None:
+    """Invalid when no document of the collection has one of the filter's keys (the check
+    `allowed_ids` makes, for searches whose filter the index applies itself)."""
+    for key in metadata or {}:
+        known = session.scalar(
+            select(Document.id)
+            .where(
+                Document.collection_id == collection_id,
+                Document.meta[key].as_string().is_not(None),
+            )
+            .limit(1)
+        )
+        if known is None:
+            raise Invalid(f"no document in this collection has the metadata key {key!r}")
+
+
 def sample_texts(session: Session, collection_id: str, n: int, seed: int = 0) -> list[str]:
     """The texts of up to `n` chunks drawn at random (seeded) from the collection."""
     total = count(session, collection_id)

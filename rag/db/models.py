@@ -233,3 +233,23 @@ class ChangeLog(Base):
     chunk_id: Mapped[int] = mapped_column(BigInteger)
     document_id: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class MilvusCollection(Base):
+    """Which Milvus collection serves a collection of kind "milvus" (rag.db.milvus_collections).
+    No foreign key: the row outlives a purged collection until its Milvus collection is
+    dropped."""
+
+    __tablename__ = "milvus_collections"
+
+    collection_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # The Milvus collection searches use (None until the first build completes).
+    name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The last change-log seq applied to `name`.
+    watermark: Mapped[int] = mapped_column(BigInteger, default=0)
+    # A Milvus collection being filled by a rebuild, and when it started (a claim: replicas
+    # that see it wait for that build instead of starting their own).
+    building: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    build_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)

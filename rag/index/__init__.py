@@ -32,6 +32,7 @@ KINDS = (
     "faiss_ivf",
     "faiss_ivf_sq8",
     "faiss_hnsw",
+    "milvus",  # vectors in a Milvus server (RAG_MILVUS__URI), shared by every replica
 )
 
 
@@ -55,6 +56,10 @@ def index_class(kind: str) -> type[VectorIndex]:
             "faiss_hnsw": f.FaissHNSWIndex,
         }
         return classes[kind]
+    if kind == "milvus":
+        from rag.index.milvus import MilvusIndex
+
+        return MilvusIndex
     raise Invalid(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 

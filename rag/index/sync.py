@@ -60,15 +60,7 @@ class SqlSource:
     ) -> tuple[VectorIndex, int]:
         """A new index of every live chunk, and the watermark it reflects."""
         index = build_index(kind, self.dim, params)
-        # The watermark is read first: anything committed after it is replayed by catch-up,
-        # and replaying a change the rows already reflect is harmless (add replaces).
-        with self.db.read() as session:
-            watermark = changelog.head(session, collection_id)
-        with self.db.read() as session:
-            for ids, vectors in chunks.live_vectors(
-                session, collection_id, self.embedding_model_id, self.dim, _BUILD_BATCH
-            ):
-                index.add(ids, vectors)
+        watermark = self.fill(collection_id, index)
         log.info(
             "index %s built from SQL: %s, %d vectors, watermark %d",
             collection_id,
@@ -77,6 +69,39 @@ class SqlSource:
             watermark,
         )
         return index, watermark
+
+    def fill(self, collection_id: str, index: VectorIndex) -> int:
+        """Add every live chunk to `index`; returns the watermark the rows reflect."""
+        # The watermark is read first: anything committed after it is replayed by catch-up,
+        # and replaying a change the rows already reflect is harmless (add replaces).
+        with self.db.read() as session:
+            watermark = changelog.head(session, collection_id)
+        with self.db.read() as session:
+            for ids, vectors in chunks.live_vectors(
+                session, collection_id, self.embedding_model_id, self.dim, _BUILD_BATCH
+            ):
+                self._add(session, collection_id, index, ids, vectors)
+        return watermark
+
+    def _add(
+        self,
+        session: Any,  # a read session of rag.db, or None to open one
+        collection_id: str,
+        index: VectorIndex,
+        ids: Ids,
+        vectors: Vectors,
+    ) -> None:
+        if getattr(index, "wants_attributes", False):
+            # An index that filters inside its own search (Milvus) keeps each chunk's
+            # document id and metadata beside its vector.
+            if session is None:
+                with self.db.read() as own:
+                    attrs = chunks.attributes_of(own, collection_id, ids.tolist())
+            else:
+                attrs = chunks.attributes_of(session, collection_id, ids.tolist())
+            index.add(ids, vectors, attrs)  # type: ignore[call-arg]
+        else:
+            index.add(ids, vectors)
 
     def apply_changes(
         self, collection_id: str, index: VectorIndex, watermark: int
@@ -110,7 +135,7 @@ class SqlSource:
             if gone:
                 index.remove(np.array(gone, dtype=np.int64))
             if len(ids):
-                index.add(ids, vectors)
+                self._add(None, collection_id, index, ids, vectors)
             applied += len(rows)
             watermark = rows[-1][0]
             if len(rows) < self.catch_up_batch:
