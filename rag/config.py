@@ -97,6 +97,35 @@ class MilvusSettings(_Section):
     write_batch: int = Field(2000, ge=1, le=50_000)
 
 
+class PurgeSettings(_Section):
+    """What a delete leaves behind is erased in rounds: within about `interval_s` (plus one
+    round's work) a deleted document's rows, text, blob, full-text entries and vectors (in
+    memory and in index snapshots) are gone, and on SQLite its bytes are out of the files."""
+
+    enabled: bool = True
+    interval_s: float = Field(60.0, gt=0)
+    # Documents erased per transaction (a big collection goes over several).
+    batch: int = Field(200, ge=1, le=10_000)
+    # PostgreSQL: "vacuum" makes the space of deleted rows reusable (the bytes stay in the
+    # table files until overwritten); "full" rewrites the tables so they leave the files too,
+    # holding an exclusive lock on each table while it runs.
+    postgres_vacuum: Literal["vacuum", "full"] = "vacuum"
+
+
+class QuotaSettings(_Section):
+    """Per-tenant limits; None is unlimited. Quotas refuse with 403 (`quota_exceeded`), the
+    load limits with 429 and Retry-After."""
+
+    max_collections: int | None = Field(None, ge=0)
+    max_documents: int | None = Field(None, ge=0)
+    # Bytes of the tenant's live documents, as uploaded.
+    max_storage_mb: float | None = Field(None, ge=0)
+    # Ingest jobs queued or running: an upload beyond it is refused until the queue drains.
+    max_pending_jobs: int | None = Field(None, ge=0)
+    # Answers (ask, chat completions) being prepared or generated at once, per API process.
+    max_concurrent_asks: int | None = Field(None, ge=1)
+
+
 class SearchSettings(_Section):
     default_k: int = Field(10, ge=1)
     # The documented maximum k of one search.
@@ -154,6 +183,8 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     milvus: MilvusSettings = MilvusSettings()
     search: SearchSettings = SearchSettings()
+    purge: PurgeSettings = PurgeSettings()
+    quota: QuotaSettings = QuotaSettings()
     engine: EngineSettings = EngineSettings()
     ask: AskSettings = AskSettings()
     auth: AuthSettings = AuthSettings()

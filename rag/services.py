@@ -13,6 +13,7 @@ from rag.db import Database
 from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
 from rag.index.manager import IndexManager
+from rag.purge import Purger
 from rag.retrieve import Retriever
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ class Services:
     indexes: IndexManager
     retriever: Retriever
     key_cache: KeyCache
+    # Erases what deletes left behind (rag.purge); `purger.subscribe` tells a cache of
+    # derived data (the engine's KV caches) which chunks left the record.
+    purger: Purger
     workers: list[Worker] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -56,8 +60,13 @@ class Services:
 
     def start(self) -> None:
         self.indexes.start(self.settings.index.catch_up_interval_s)
+        self.start_purger()
         for worker in self.workers:
             self._threads.append(worker.start_thread(self.stop))
+
+    def start_purger(self) -> None:
+        if self.settings.purge.enabled:
+            self.purger.start()
 
     def wake_workers(self) -> None:
         for worker in self.workers:
@@ -69,6 +78,7 @@ class Services:
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads.clear()
+        self.purger.close()
         if self._engine is not None:
             self._engine.close()
         self.indexes.close()
@@ -104,6 +114,7 @@ def build_services(
         embedder.dim,
         snapshot_every=settings.index.snapshot_every,
         keep_generations=settings.index.keep_generations,
+        erase_interval_s=(settings.purge.interval_s if settings.purge.enabled else float("inf")),
     )
     retriever = Retriever(db, embedder, indexes, settings.search)
     services = Services(
@@ -113,6 +124,7 @@ def build_services(
         indexes=indexes,
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
+        purger=Purger(db, settings.purge),
         _engine=engine,
         _own_embedder=own_embedder,
     )

@@ -97,7 +97,13 @@ def hash_embedder() -> HashEmbedder:
     return HashEmbedder(384)
 
 
-def make_settings(tmp_path: Path, db_url: str | None = None, **ingest: object) -> Settings:
+def make_settings(
+    tmp_path: Path,
+    db_url: str | None = None,
+    sections: dict[str, dict[str, object]] | None = None,
+    **ingest: object,
+) -> Settings:
+    """`sections`: other settings by section, e.g. {"purge": {"interval_s": 0.2}}."""
     values: dict[str, object] = {
         "backoff_base_s": 0.05,
         "poll_interval_s": 0.05,
@@ -110,6 +116,7 @@ def make_settings(tmp_path: Path, db_url: str | None = None, **ingest: object) -
         database={"url": db_url},
         ingest=values,
         auth={"admin_key": "test-admin-key"},
+        **(sections or {}),  # type: ignore[arg-type]
     )
 
 
@@ -159,10 +166,15 @@ def make_api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callabl
             client.__exit__(None, None, None)
 
     def factory(
-        db_url: str | None, embedder: Embedder, engine: object | None = None, **ingest: object
+        db_url: str | None,
+        embedder: Embedder,
+        engine: object | None = None,
+        sections: dict[str, dict[str, object]] | None = None,
+        **ingest: object,
     ) -> Api:
-        """`engine`: a generator to use instead of building the configured one."""
-        settings = make_settings(tmp_path, db_url, **ingest)
+        """`engine`: a generator to use instead of building the configured one; `sections`:
+        settings other than ingest's (see make_settings)."""
+        settings = make_settings(tmp_path, db_url, sections, **ingest)
         services = build_services(settings, embedder=embedder, engine=engine)  # type: ignore[arg-type]
         client = TestClient(create_app(settings, services))
         client.__enter__()

@@ -74,6 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     threads = [w.start_thread(stop) for w in workers]
+    services.start_purger()  # workers purge too (several purgers share the work)
     while any(t.is_alive() for t in threads):
         for t in threads:
             t.join(timeout=0.5)

@@ -38,3 +38,45 @@ def count_after(session: Session, collection_id: str, watermark: int) -> int:
         .where(ChangeLog.collection_id == collection_id, ChangeLog.seq > watermark)
     )
     return int(session.scalar(stmt) or 0)
+
+
+def removals_after(conn: Connection, watermark: int, limit: int) -> list[tuple[int, str, str, int]]:
+    """Up to `limit` "remove" entries of any collection after `watermark`, oldest first:
+    (seq, collection id, document id, chunk id). What each process tails to drop whatever it
+    derived from a chunk that left the record."""
+    rows = conn.execute(
+        select(ChangeLog.seq, ChangeLog.collection_id, ChangeLog.document_id, ChangeLog.chunk_id)
+        .where(ChangeLog.seq > watermark, ChangeLog.op == "remove")
+        .order_by(ChangeLog.seq)
+        .limit(limit)
+    )
+    return [(int(seq), str(c), str(d), int(chunk)) for seq, c, d, chunk in rows]
+
+
+def last_seq(conn: Connection) -> int:
+    """The newest seq of any collection (0 when the log is empty)."""
+    return int(conn.execute(select(func.max(ChangeLog.seq))).scalar() or 0)
+
+
+def removed_between(conn: Connection, collection_id: str, after: int, upto: int) -> list[int]:
+    """Chunk ids of the collection's "remove" entries with after < seq <= upto."""
+    rows = conn.execute(
+        select(ChangeLog.chunk_id).where(
+            ChangeLog.collection_id == collection_id,
+            ChangeLog.seq > after,
+            ChangeLog.seq <= upto,
+            ChangeLog.op == "remove",
+        )
+    )
+    return [int(chunk_id) for (chunk_id,) in rows]
+
+
+def last_removal_after(session: Session, collection_id: str, watermark: int) -> int:
+    """The seq of the collection's newest "remove" entry after `watermark` (0 when none): a
+    snapshot whose watermark is older than it may still hold that chunk's vector."""
+    stmt = select(func.max(ChangeLog.seq)).where(
+        ChangeLog.collection_id == collection_id,
+        ChangeLog.seq > watermark,
+        ChangeLog.op == "remove",
+    )
+    return int(session.scalar(stmt) or 0)

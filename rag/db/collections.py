@@ -62,6 +62,17 @@ def get_live(session: Session, collection_id: str) -> Collection | None:
     return collection
 
 
+def live_among(session: Session, collection_ids: list[str]) -> set[str]:
+    """The ids among `collection_ids` that name a live collection (the others are deleted or
+    gone: their indexes and snapshots go too)."""
+    if not collection_ids:
+        return set()
+    stmt = select(Collection.id).where(
+        Collection.id.in_(collection_ids), Collection.deleted_at.is_(None)
+    )
+    return set(session.scalars(stmt))
+
+
 lock = lock_collection
 
 

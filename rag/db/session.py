@@ -1,4 +1,5 @@
-"""Engines and sessions. SQLite gets WAL, synchronous=FULL and BEGIN IMMEDIATE for writers."""
+"""Engines and sessions. SQLite gets WAL, synchronous=FULL, secure_delete and BEGIN IMMEDIATE
+for writers."""
 
 from __future__ import annotations
 
@@ -82,10 +83,17 @@ def _configure_sqlite(engine: Engine) -> None:
         # Let SQLAlchemy's begin event issue BEGIN itself (pysqlite's own is unreliable).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        # Takes effect in a new database (before its first table): the purge can then give
+        # free pages back without rewriting the whole file. An older database is converted
+        # once by the purge (rag.db.purge.reclaim).
+        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=60000")
+        # Deleted content is overwritten with zeros, not just unlinked: a purged document's
+        # bytes do not linger in free pages (principle 7, "delete means gone").
+        cur.execute("PRAGMA secure_delete=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -34,6 +34,9 @@ class Live:
     watermark: int
     auto: bool  # kind follows the collection's size
     generation: int | None = None
+    # The change-log seq up to which removed chunks were erased from the index (not just
+    # tombstoned): snapshots are written only once it has reached the watermark.
+    erased_to: int = 0
     changes_since_snapshot: int = 0
     building: bool = False
     stale: bool = False

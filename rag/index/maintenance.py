@@ -1,7 +1,9 @@
 """The background loop that keeps every open index caught up, snapshotted and of the right
 kind: it catches up, writes a snapshot after many changes, and rebuilds when an index outgrew
 its kind, needs retraining, holds too many tombstones, or the collection now declares another
-kind (changed by `rag index rebuild` in another process, or on another replica)."""
+kind (changed by `rag index rebuild` in another process, or on another replica). Every
+`erase_interval_s` it has the manager purge what deletes removed (rag.index.manager), and an
+index whose collection was deleted is dropped as soon as the loop notices."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from rag.errors import NotFound
 from rag.index import EXACT_MAX, default_kind_for
 from rag.index.live import IndexState, Live
 from rag.index.sync import SqlSource
@@ -33,13 +36,23 @@ class Maintained(Protocol):
         self, collection_id: str, kind: str | None = None, params: dict[str, Any] | None = None
     ) -> Future[IndexState]: ...
     def snapshot(self, collection_id: str) -> Any: ...
+    def purge(self) -> None: ...
+    def drop(self, collection_id: str) -> None: ...
 
 
 class Maintainer:
-    def __init__(self, manager: Maintained, source: SqlSource, interval_s: float) -> None:
+    def __init__(
+        self,
+        manager: Maintained,
+        source: SqlSource,
+        interval_s: float,
+        erase_interval_s: float = 60.0,
+    ) -> None:
         self.manager = manager
         self.source = source
         self.interval_s = interval_s
+        self.erase_interval_s = erase_interval_s
+        self._purged_at = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="index-catch-up", daemon=True)
 
@@ -52,11 +65,22 @@ class Maintainer:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for collection_id, live in list(self.manager.lives()):
-                try:
-                    self.maintain(collection_id, live)
-                except Exception:
-                    log.exception("index maintenance failed for collection %s", collection_id)
+            self.tick()
+
+    def tick(self) -> None:
+        for collection_id, live in list(self.manager.lives()):
+            try:
+                self.maintain(collection_id, live)
+            except NotFound:  # deleted (here or elsewhere) since it was opened
+                self.manager.drop(collection_id)
+            except Exception:
+                log.exception("index maintenance failed for collection %s", collection_id)
+        if time.monotonic() - self._purged_at >= self.erase_interval_s:
+            self._purged_at = time.monotonic()
+            try:
+                self.manager.purge()
+            except Exception:
+                log.exception("index purge failed")
 
     def maintain(self, collection_id: str, live: Live) -> None:
         if live.lock.locked():  # a search or snapshot is applying changes right now

@@ -6,6 +6,11 @@ seq > watermark, in order. Searches call `catch_up` first, which costs one index
 nothing changed, so a chunk is searchable as soon as its ingest transaction commits, in any
 process. Rebuilds run in the background and swap in atomically: a search holds a reference to
 one whole index, never a half-built one.
+
+Deletes: catch-up tombstones a removed chunk at once; `purge` (every `erase_interval_s`, from
+the maintenance thread) then erases it for good: from the index's memory (`erase`), from the
+snapshots on disk (a generation older than a removal is rewritten or deleted), and a deleted
+collection's index and snapshots are dropped.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rag.db import Database
+import numpy as np
+
+from rag.db import Database, changelog, collections
 from rag.index import build_index
 from rag.index.base import Allowed, VectorIndex, Vectors
 from rag.index.live import IndexState, Live, SearchOutcome
 from rag.index.maintenance import Maintainer
-from rag.index.snapshot import Manifest, SnapshotStore
+from rag.index.snapshot import Manifest, SnapshotStore, collections_on_disk
 from rag.index.sync import Spec, SqlSource
 from rag.knobs import Knobs
 
@@ -43,6 +50,7 @@ class IndexManager:
         catch_up_batch: int = 5000,
         snapshot_every: int = 10_000,
         keep_generations: int = 2,
+        erase_interval_s: float = 60.0,
     ) -> None:
         self.db = db
         self.data_dir = Path(data_dir)
@@ -51,6 +59,7 @@ class IndexManager:
         self.catch_up_wait_s = catch_up_wait_s
         self.snapshot_every = snapshot_every
         self.keep_generations = keep_generations
+        self.erase_interval_s = erase_interval_s
         self.source = SqlSource(db, embedding_model_id, dim, catch_up_batch)
         self._lives: dict[str, Live] = {}
         self._open_locks: dict[str, threading.Lock] = {}
@@ -116,18 +125,100 @@ class IndexManager:
             live.lock.release()
 
     def snapshot(self, collection_id: str) -> Manifest:
-        """Write the live index as a new generation (after catching up)."""
+        """Write the live index as a new generation (after catching up and erasing what was
+        removed: no generation holds a removed vector), then delete the generations older
+        than the collection's last removal."""
         live = self._live(collection_id)
+        store = self._store(collection_id)
         with live.lock:
             count, live.watermark = self.source.apply_changes(
                 collection_id, live.index, live.watermark
             )
-            manifest = self._store(collection_id).write(
-                live.index, embedding_model=self.embedding_model_id, watermark=live.watermark
+            self._erase_removed(collection_id, live)
+            manifest = store.write(
+                live.index,
+                embedding_model=self.embedding_model_id,
+                watermark=live.watermark,
+                erased_to=live.erased_to,
             )
             live.generation = manifest.generation
             live.changes_since_snapshot = 0
+        self._drop_stale(collection_id, store)
         return manifest
+
+    # --------------------------------------------------------------------------- purging
+
+    def purge(self) -> None:
+        """Erase what deletes removed, in memory and on disk: every open index erases its
+        removed vectors and rewrites a snapshot older than a removal; snapshots of collections
+        not open here that are older than a removal are deleted; a deleted collection's index
+        and snapshots are dropped."""
+        on_disk = collections_on_disk(self.data_dir)
+        known = sorted(set(on_disk) | set(self.open_collections()))
+        with self.db.read() as session:
+            live_ids = collections.live_among(session, known)
+        for collection_id in known:
+            if collection_id not in live_ids:
+                self.drop(collection_id)
+        for collection_id, _live in self.lives():
+            self.erase(collection_id)
+        open_ids = set(self.open_collections())
+        for collection_id in on_disk:
+            if collection_id in live_ids and collection_id not in open_ids:
+                self._drop_stale(collection_id, self._store(collection_id))
+
+    def erase(self, collection_id: str) -> None:
+        """Catch the open index up, erase the vectors of removed chunks from it, and rewrite
+        its snapshot if one on disk is older than a removal."""
+        live = self._lives.get(collection_id)
+        if live is None:
+            return
+        with live.lock:
+            count, live.watermark = self.source.apply_changes(
+                collection_id, live.index, live.watermark
+            )
+            live.changes_since_snapshot += count
+            self._erase_removed(collection_id, live)
+        store = self._store(collection_id)
+        if self._stale_generations(collection_id, store) and not live.building:
+            self.snapshot(collection_id)
+
+    def drop(self, collection_id: str) -> None:
+        """A deleted collection: its index leaves memory and its snapshots the disk."""
+        if collection_id in self.open_collections():
+            log.info("index %s: collection deleted; dropping its index", collection_id)
+        self.forget(collection_id)
+        self._store(collection_id).remove_all()
+
+    def _erase_removed(self, collection_id: str, live: Live) -> None:
+        """Erase the chunks removed in (erased_to, watermark]; the caller holds live.lock."""
+        if live.erased_to >= live.watermark:
+            return
+        with self.db.connect() as conn:
+            removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
+        if removed:
+            live.index.erase(np.array(sorted(set(removed)), dtype=np.int64))
+        live.erased_to = live.watermark
+
+    def _stale_generations(self, collection_id: str, store: SnapshotStore) -> list[int]:
+        """Generations older than a removal of the collection (they may hold its vector)."""
+        marks = store.watermarks()
+        if not marks:
+            return []
+        with self.db.read() as session:
+            removal = changelog.last_removal_after(session, collection_id, min(marks.values()))
+        return [g for g, w in marks.items() if w < removal]
+
+    def _drop_stale(self, collection_id: str, store: SnapshotStore) -> None:
+        marks = store.watermarks()
+        if not marks:
+            return
+        with self.db.read() as session:
+            removal = changelog.last_removal_after(session, collection_id, min(marks.values()))
+        if removal:
+            store.drop_older_than(removal)
+        else:
+            store.prune()
 
     def rebuild(
         self,
@@ -165,7 +256,7 @@ class IndexManager:
             return list(self._lives.items())
 
     def forget(self, collection_id: str) -> None:
-        """Drop the in-memory index (a deleted collection); snapshots stay until pruned."""
+        """Drop the in-memory index; snapshots stay (`drop` removes those too)."""
         with self._lock:
             self._lives.pop(collection_id, None)
 
@@ -173,7 +264,7 @@ class IndexManager:
         """Maintain every open collection in the background (rag.index.maintenance)."""
         if self._maintainer is not None:
             return
-        self._maintainer = Maintainer(self, self.source, interval_s)
+        self._maintainer = Maintainer(self, self.source, interval_s, self.erase_interval_s)
         self._maintainer.start()
 
     def close(self) -> None:
@@ -212,6 +303,7 @@ class IndexManager:
                 loaded.manifest.watermark,
                 auto=spec.auto,
                 generation=loaded.manifest.generation,
+                erased_to=loaded.manifest.erased_to,
             )
             log.info(
                 "index %s: gen %d (%s, %d vectors, watermark %d)",
@@ -225,8 +317,9 @@ class IndexManager:
             if store.generations():
                 log.warning("index %s: no snapshot usable; rebuilding from SQL", collection_id)
             index, watermark = self.source.build(collection_id, spec.kind, spec.params)
-            # No generation on disk yet: the background loop writes one.
-            live = Live(collection_id, index, watermark, auto=spec.auto)
+            # No generation on disk yet: the background loop writes one. Built from live rows,
+            # it holds no removed vector up to its watermark.
+            live = Live(collection_id, index, watermark, auto=spec.auto, erased_to=watermark)
             live.changes_since_snapshot = max(len(index), 1)
         with live.lock:
             count, live.watermark = self.source.apply_changes(
@@ -251,12 +344,13 @@ class IndexManager:
                 if kind is None
                 else Spec(kind, dict(params or {}), False)
             )
-            index, watermark = self.source.build(collection_id, spec.kind, spec.params)
+            index, built_at = self.source.build(collection_id, spec.kind, spec.params)
             # Catch the new index up outside the lock, then the last few rows inside it.
-            _, watermark = self.source.apply_changes(collection_id, index, watermark)
+            _, watermark = self.source.apply_changes(collection_id, index, built_at)
             with live.lock:
                 _, watermark = self.source.apply_changes(collection_id, index, watermark)
                 live.index, live.watermark, live.auto = index, watermark, spec.auto
+                live.erased_to = built_at  # what catch-up removed since is erased next
                 live.generation = None
                 live.changes_since_snapshot = max(len(index), 1)
                 live.stale = False

@@ -8,6 +8,11 @@ directory that loading ignores. The manifest names the embedding model and dimen
 index kind and parameters, the watermark (the last change-log seq included), the count and the
 sha256 of every file. Loading refuses a generation whose checksums, model or dimension do not
 match (with a warning) and falls back to the one before.
+
+Deletes reach the files too (the purge, rag.index.manager): a generation is written only after
+the removed vectors were erased from the index (`erased_to` in its manifest), and a generation
+older than a removal is deleted, as is every generation of a deleted collection, and a
+temporary directory a crashed writer left behind.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ MANIFEST = "manifest.json"
 KEEP = 2
 _GEN = re.compile(r"^gen-(\d+)$")
 _TMP_PREFIX = ".tmp-"
+# A temporary directory untouched this long belongs to a writer that died.
+ABANDONED_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class Manifest:
     generation: int = 0
     created_at: float = field(default_factory=time.time)
     format: int = 1
+    # The change-log seq up to which removed vectors were erased before the index was saved
+    # (0: a generation written before erasure existed, which may hold tombstoned vectors).
+    erased_to: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)
@@ -99,6 +109,7 @@ class SnapshotStore:
         *,
         embedding_model: str,
         watermark: int,
+        erased_to: int = 0,
     ) -> Manifest:
         """Write `index` as a new generation; the caller keeps it from changing meanwhile."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -123,6 +134,7 @@ class SnapshotStore:
                     count=count,
                     files=files,
                     generation=generation,
+                    erased_to=erased_to,
                 )
                 _write_manifest(tmp / MANIFEST, manifest)
                 _fsync_dir(tmp)
@@ -156,10 +168,43 @@ class SnapshotStore:
         for generation in self.generations()[self.keep :]:
             shutil.rmtree(self.path_of(generation), ignore_errors=True)
         if self.root.is_dir():
-            cutoff = time.time() - 3600  # a temporary this old belongs to a dead writer
+            cutoff = time.time() - ABANDONED_S
             for entry in self.root.iterdir():
-                if entry.name.startswith(_TMP_PREFIX) and entry.stat().st_mtime < cutoff:
+                if entry.name.startswith(_TMP_PREFIX) and _last_write(entry) < cutoff:
                     shutil.rmtree(entry, ignore_errors=True)
+
+    def watermarks(self) -> dict[int, int]:
+        """generation -> its manifest's watermark (-1 when the manifest is unreadable)."""
+        out = {}
+        for generation in self.generations():
+            try:
+                text = (self.path_of(generation) / MANIFEST).read_text()
+                out[generation] = int(json.loads(text)["watermark"])
+            except (OSError, ValueError, KeyError, TypeError):
+                out[generation] = -1
+        return out
+
+    def drop_older_than(self, watermark: int) -> list[int]:
+        """Delete every generation whose watermark is below `watermark` (they may hold what
+        a later change removed); returns their numbers."""
+        dropped = [g for g, w in self.watermarks().items() if w < watermark]
+        for generation in dropped:
+            shutil.rmtree(self.path_of(generation), ignore_errors=True)
+        if dropped:
+            log.info(
+                "index snapshots %s: dropped generations %s (older than a removal)",
+                self.collection_id,
+                sorted(dropped),
+            )
+            _fsync_dir(self.root)
+        self.prune()
+        return dropped
+
+    def remove_all(self) -> None:
+        """Every generation and temporary of the collection (it was deleted)."""
+        if self.root.exists():
+            shutil.rmtree(self.root, ignore_errors=True)
+            log.info("index snapshots %s: removed (collection deleted)", self.collection_id)
 
     # ------------------------------------------------------------------------------- read
 
@@ -234,3 +279,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def collections_on_disk(data_dir: Path) -> list[str]:
+    """Collection ids that have a snapshot directory under `data_dir`."""
+    root = Path(data_dir) / "indexes"
+    if not root.is_dir():
+        return []
+    return sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+
+
+def _last_write(path: Path) -> float:
+    """The newest modification time of a directory and what is in it."""
+    times = [path.stat().st_mtime]
+    for entry in path.rglob("*"):
+        try:
+            times.append(entry.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times)

@@ -1,0 +1,158 @@
+"""The purge loop: within a bounded time after a delete, what was deleted is gone.
+
+Every process runs one (`rag serve` and `rag worker`, started by rag.services). Each round,
+every `interval_s`:
+
+1. erase tombstoned documents from the record in batches, then deleted collections' rows
+   (rag.db.purge: rows, text, full-text entries, vectors, the tenant's blob when unused);
+2. make the bytes leave the database's files (rag.db.purge.reclaim);
+3. tell this process's listeners which chunks left the record since the last round.
+
+The index side runs in the index maintenance thread (rag.index.maintenance): removed vectors
+are erased from memory and from snapshots, and a deleted collection's index and snapshots are
+dropped, on the same interval.
+
+Listeners are how a cache of derived data (the engine's prefix and passage KV caches) learns
+of deletes, in every process: they are called with the `Removed` chunks read from the change
+log's "remove" entries, whichever process deleted or purged them. A chunk appears there when
+its document is deleted (at once) or, for a deleted collection, when it is purged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rag.config import PurgeSettings
+from rag.db import Database, changelog
+from rag.db import purge as sql
+
+log = logging.getLogger(__name__)
+
+_FEED_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class Removed:
+    """Chunks of one document that left the record: what was derived from them must go."""
+
+    collection_id: str
+    document_id: str
+    chunk_ids: tuple[int, ...]
+
+
+Listener = Callable[[list[Removed]], None]
+
+
+@dataclass(frozen=True)
+class Round:
+    documents: int  # erased from the record by this process
+    collections: int
+    reclaimed: bool  # the files were compacted (or there was nothing to do)
+    removed: int  # chunk removals told to the listeners
+
+
+class Purger:
+    def __init__(self, db: Database, settings: PurgeSettings) -> None:
+        self.db = db
+        self.settings = settings
+        self._listeners: list[Listener] = []
+        self._feed_mark: int | None = None
+        # A process that starts finishes a reclaim a crash may have cut short.
+        self._reclaim_due = True
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._round = threading.Lock()  # one round at a time (the loop, or a test's call)
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call `listener` with every batch of chunk removals from now on (in the purge
+        thread: it should be quick, and must not raise)."""
+        if self._feed_mark is None:
+            self._feed_mark = self._head()
+        self._listeners.append(listener)
+
+    def run_once(self) -> Round:
+        with self._round:
+            return self._round_locked()
+
+    def _round_locked(self) -> Round:
+        documents = 0
+        while True:
+            batch = sql.purge_documents(self.db, self.settings.batch)
+            documents += len(batch)
+            for item in batch:
+                log.info(
+                    "purged document %s (%d chunks) of collection %s",
+                    item.document_id,
+                    len(item.chunk_ids),
+                    item.collection_id,
+                )
+            if len(batch) < self.settings.batch:
+                break
+        collections = sql.purge_collections(self.db)
+        for collection_id in collections:
+            log.info("purged collection %s", collection_id)
+        reclaimed = True
+        if documents or collections or self._reclaim_due:
+            reclaimed = sql.reclaim(
+                self.db,
+                full_vacuum=self.settings.postgres_vacuum == "full",
+                convert=bool(documents or collections),
+            )
+            self._reclaim_due = not reclaimed
+        removed = self._publish()
+        return Round(documents, len(collections), reclaimed, removed)
+
+    def _head(self) -> int:
+        with self.db.connect() as conn:
+            return changelog.last_seq(conn)
+
+    def _publish(self) -> int:
+        if not self._listeners or self._feed_mark is None:
+            return 0
+        told = 0
+        while True:
+            with self.db.connect() as conn:
+                rows = changelog.removals_after(conn, self._feed_mark, _FEED_BATCH)
+            if not rows:
+                return told
+            grouped: dict[tuple[str, str], list[int]] = {}
+            for _seq, collection_id, document_id, chunk_id in rows:
+                grouped.setdefault((collection_id, document_id), []).append(chunk_id)
+            removed = [Removed(c, d, tuple(ids)) for (c, d), ids in grouped.items()]
+            for listener in self._listeners:
+                try:
+                    listener(removed)
+                except Exception:
+                    log.exception("a purge listener failed")
+            self._feed_mark = rows[-1][0]
+            told += len(rows)
+            if len(rows) < _FEED_BATCH:
+                return told
+
+    # ------------------------------------------------------------------ the background loop
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="purge", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.run_once()
+            except Exception:
+                log.exception(
+                    "purge round failed; trying again in %.0f s", self.settings.interval_s
+                )
+            if self._stop.wait(self.settings.interval_s):
+                return

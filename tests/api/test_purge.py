@@ -1,0 +1,267 @@
+"""Delete means gone: after the purge, a deleted document's rows, blob, full-text entries and
+vectors are out of SQL, out of the index in memory and out of every file the service wrote
+(SQLite's rag.db, -wal, -shm and the index snapshots), searched byte by byte."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select, text
+
+from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob
+from rag.embed import HashEmbedder
+from rag.purge import Removed
+from tests.conftest import Api
+from tests.support.leftovers import document_needles, leftover_bytes, scan, word_needles
+
+# Words no other document has, that the stemmer leaves whole.
+SECRET = ["quokkazanzibarqz", "xylothermicvortqz"]
+KEPT = ["harbourlanternqz"]
+# The loops' own rounds would race the test's: it runs them itself.
+MANUAL = {"purge": {"interval_s": 3600.0}}
+
+
+def _doc_text(words: list[str], n: int = 40) -> str:
+    return " ".join(f"{words[i % len(words)]} filler{i} words about tides" for i in range(n))
+
+
+def _indexed(api: Api, headers: dict[str, str], cid: str, words: list[str]) -> str:
+    item = api.upload_text(headers, cid, _doc_text(words))
+    assert api.wait_job(headers, item["job_id"])["state"] == "done"
+    return str(item["document_id"])
+
+
+def _purge(api: Api) -> None:
+    """One purge round as the background loops run it: SQL and files, then the indexes."""
+    for _ in range(20):  # a reader may hold the WAL for a moment: the round reports it
+        if api.services.purger.run_once().reclaimed:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the WAL was never free to truncate")
+    api.services.indexes.purge()
+
+
+def _rows_of(api: Api, doc: str) -> dict[str, int]:
+    with api.services.db.read() as s:
+
+        def count(model: type, *where: object) -> int:
+            return int(s.scalar(select(func.count()).select_from(model).where(*where)) or 0)
+
+        return {
+            "documents": count(Document, Document.id == doc),
+            "chunks": count(Chunk, Chunk.document_id == doc),
+            "jobs": count(IngestJob, IngestJob.document_id == doc),
+            "adds": count(ChangeLog, ChangeLog.document_id == doc, ChangeLog.op == "add"),
+            "removes": count(ChangeLog, ChangeLog.document_id == doc, ChangeLog.op == "remove"),
+        }
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "faiss_hnsw", "faiss_flat"])
+def test_deleted_document_leaves_no_bytes_in_any_file(
+    make_api: Callable[..., Api], sqlite_url: str, kind: str
+) -> None:
+    api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
+    data_dir = api.services.settings.data_dir
+    cid = api.collection(api.a, index={"kind": kind})
+    doomed = _indexed(api, api.a, cid, SECRET)
+    kept = _indexed(api, api.a, cid, KEPT)
+    search = {"query": SECRET[0], "k": 5, "hybrid": 0.5}
+    hits = api.client.post(f"/v1/collections/{cid}/search", json=search, headers=api.a).json()
+    assert doomed in {h["document_id"] for h in hits["passages"]}
+    api.services.indexes.snapshot(cid)  # a generation on disk that holds its vectors
+    needles = document_needles(api.services.db, doomed, SECRET)
+    kept_needles = document_needles(api.services.db, kept, KEPT)
+    assert leftover_bytes(scan(data_dir, needles)) > 0  # the search below means something
+
+    assert api.client.delete(f"/v1/documents/{doomed}", headers=api.a).status_code == 204
+    _purge(api)
+
+    found = scan(data_dir, needles)
+    assert found == [], [(f.path.name, f.needle[:12], f.count) for f in found]
+    assert leftover_bytes(scan(data_dir, kept_needles)) > 0  # the other document is intact
+    rows = _rows_of(api, doomed)
+    assert rows["removes"] > 0  # what other processes tail to drop their copies
+    assert {k: v for k, v in rows.items() if k != "removes"} == {
+        "documents": 0,
+        "chunks": 0,
+        "jobs": 0,
+        "adds": 0,
+    }
+    with api.services.db.read() as s:
+        blobs = s.scalar(select(func.count()).select_from(Blob))
+        fts = s.execute(
+            text("SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH :q"), {"q": SECRET[0]}
+        ).scalar()
+    assert blobs == 1 and fts == 0
+    index = api.services.indexes.get(cid)
+    with api.services.db.read() as s:
+        kept_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == kept)))
+    assert set(index.ids().tolist()) == kept_ids
+    hits = api.client.post(f"/v1/collections/{cid}/search", json=search, headers=api.a).json()
+    assert doomed not in {h["document_id"] for h in hits["passages"]}
+    query = {"query": KEPT[0], "k": 1}
+    hits = api.client.post(f"/v1/collections/{cid}/search", json=query, headers=api.a).json()
+    assert hits["passages"][0]["document_id"] == kept
+
+
+def test_deleted_collection_is_erased_and_its_index_dropped_quietly(
+    make_api: Callable[..., Api], sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The in-memory index of a deleted collection used to stay, and its maintenance logged
+    a traceback every 5 s; its snapshots stayed on disk."""
+    api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
+    data_dir = api.services.settings.data_dir
+    cid = api.collection(api.a)
+    docs = [_indexed(api, api.a, cid, [SECRET[i]]) for i in range(2)]
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "tides"}, headers=api.a)
+    api.services.indexes.snapshot(cid)
+    needles = [n for d in docs for n in document_needles(api.services.db, d, SECRET)]
+    assert (data_dir / "indexes" / cid).is_dir()
+    caplog.set_level(logging.ERROR, logger="rag.index")
+
+    assert api.client.delete(f"/v1/collections/{cid}", headers=api.a).status_code == 204
+    maintainer = api.services.indexes._maintainer
+    assert maintainer is not None
+    api.services.indexes.open_collections()
+    for _live_id, live in api.services.indexes.lives():
+        live.spec_checked_at = 0.0  # the kind is re-read on the next tick, not in 5 s
+    maintainer.tick()
+    assert cid not in api.services.indexes.open_collections()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert not (data_dir / "indexes" / cid).exists()
+
+    removed: list[Removed] = []
+    api.services.purger.subscribe(removed.extend)
+    _purge(api)
+    assert scan(data_dir, needles) == []
+    with api.services.db.read() as s:
+        assert s.get(Collection, cid) is None
+        assert s.scalar(select(func.count()).select_from(Chunk)) == 0
+        assert s.scalar(select(func.count()).select_from(Blob)) == 0
+    # Every process hears which chunks went, with their documents.
+    assert {r.document_id for r in removed} == set(docs)
+    assert all(r.collection_id == cid and r.chunk_ids for r in removed)
+
+
+def test_purge_listeners_hear_of_a_document_delete(api: Api) -> None:
+    cid = api.collection(api.a)
+    doc = _indexed(api, api.a, cid, SECRET)
+    with api.services.db.read() as s:
+        chunk_ids = tuple(sorted(s.scalars(select(Chunk.id).where(Chunk.document_id == doc))))
+    heard: list[Removed] = []
+    api.services.purger.subscribe(heard.extend)
+    api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    api.services.purger.run_once()
+    assert heard == [Removed(cid, doc, chunk_ids)]
+    api.services.purger.run_once()
+    assert len(heard) == 1  # told once
+
+
+def test_purge_deletes_rows_and_vacuums(api: Api) -> None:
+    """On PostgreSQL too: the rows go, and the tables are vacuumed."""
+    cid = api.collection(api.a)
+    doc = _indexed(api, api.a, cid, SECRET)
+    api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    _purge(api)
+    rows = _rows_of(api, doc)
+    assert rows["documents"] == rows["chunks"] == rows["jobs"] == rows["adds"] == 0
+    db = api.services.db
+    if db.dialect == "postgresql":
+        with db.engine.connect() as conn:
+            vacuumed = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN "
+                    "('chunks', 'documents', 'blobs') AND schemaname = current_schema() "
+                    "AND last_vacuum IS NOT NULL"
+                )
+            ).scalar()
+        assert vacuumed == 3
+
+
+def test_a_blob_stays_while_its_tenant_still_uses_it(api: Api) -> None:
+    """Blobs are per tenant: two tenants' uploads of the same bytes are two copies, and a
+    purge drops a copy only when no document of its tenant uses it."""
+    same = _doc_text(SECRET)
+    a1, a2 = api.collection(api.a, name="one"), api.collection(api.a, name="two")
+    b1 = api.collection(api.b)
+    first = api.upload_text(api.a, a1, same)
+    api.upload_text(api.a, a2, same)
+    api.upload_text(api.b, b1, same)
+    with api.services.db.read() as s:
+        tenants = s.scalars(select(Blob.tenant_id)).all()
+    assert len(tenants) == len(set(tenants)) == 2
+    api.client.delete(f"/v1/documents/{first['document_id']}", headers=api.a)
+    _purge(api)
+    with api.services.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(Blob)) == 2  # a2 still uses A's
+    api.client.delete(f"/v1/collections/{a2}", headers=api.a)
+    _purge(api)
+    with api.services.db.read() as s:
+        owners = s.scalars(select(Blob.tenant_id)).all()
+        b_tenant = s.scalar(select(Document.tenant_id).where(Document.collection_id == b1))
+    assert owners == [b_tenant]
+
+
+def test_the_loops_purge_on_their_own_within_the_interval(
+    make_api: Callable[..., Api], sqlite_url: str
+) -> None:
+    api = make_api(sqlite_url, HashEmbedder(384), sections={"purge": {"interval_s": 0.2}})
+    data_dir = api.services.settings.data_dir
+    cid = api.collection(api.a, index={"kind": "hnsw"})
+    doc = _indexed(api, api.a, cid, SECRET)
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "tides"}, headers=api.a)
+    api.services.indexes.snapshot(cid)
+    needles = document_needles(api.services.db, doc, SECRET)
+    api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    deadline = time.monotonic() + 30
+    while (left := leftover_bytes(scan(data_dir, needles))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == 0
+
+
+def test_an_old_sqlite_database_is_converted_to_give_pages_back(
+    make_api: Callable[..., Api], tmp_path: Path
+) -> None:
+    """A database made before the purge (auto_vacuum off) is rewritten once by the first
+    purge, and gives free pages back from then on."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    sqlite3.connect(path).execute("CREATE TABLE made_before (x)").connection.close()
+    api = make_api(f"sqlite:///{path}", HashEmbedder(384), sections=MANUAL)
+    cid = api.collection(api.a)
+    doc = _indexed(api, api.a, cid, SECRET)
+    api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    _purge(api)
+    check = sqlite3.connect(path)  # a pooled connection may report the mode it started with
+    try:
+        assert check.execute("PRAGMA auto_vacuum").fetchone() == (2,)
+        assert check.execute("PRAGMA freelist_count").fetchone() == (0,)
+        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        check.close()
+    assert scan([path, Path(f"{path}-wal")], word_needles(SECRET)) == []
+
+
+def test_snapshots_of_collections_not_open_here_are_dropped_when_stale(
+    make_api: Callable[..., Api], sqlite_url: str
+) -> None:
+    api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
+    cid = api.collection(api.a, index={"kind": "hnsw"})
+    doc = _indexed(api, api.a, cid, SECRET)
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "tides"}, headers=api.a)
+    api.services.indexes.snapshot(cid)
+    api.services.indexes.forget(cid)  # as in a process that never opened it
+    needles = document_needles(api.services.db, doc, SECRET)
+    api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    _purge(api)
+    assert scan(api.services.settings.data_dir / "indexes", needles) == []
+    # The next open rebuilds from SQL and finds nothing of it.
+    assert len(api.services.indexes.get(cid)) == 0
+    assert np.array_equal(api.services.indexes.get(cid).ids(), np.zeros(0, np.int64))
