@@ -23,6 +23,7 @@ from rag.embed import Embedder
 from rag.errors import Invalid, NotFound
 from rag.index.base import Hits
 from rag.index.manager import IndexManager, IndexState
+from rag.index.milvus.filters import Where, matches
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,20 @@ class Retriever:
             raise NotFound(f"collection {collection_id} not found")
         k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved, query, knobs)
         allowed = None
+        where: Where | None = None
         if filt is not None and not filt.empty:
-            with self.db.read() as session:
-                allowed = chunks.allowed_ids(
-                    session, collection_id, filt.document_ids, filt.metadata
-                )
+            if not hybrid and self.indexes.filters_inside(collection_id):
+                # The index evaluates the filter itself (Milvus): no id list resolved in
+                # SQL, which at millions of matching chunks would cost more than the search;
+                # the hydrated rows are checked against the filter below.
+                where = Where(filt.document_ids, filt.metadata)
+                with self.db.read() as session:
+                    chunks.metadata_keys_known(session, collection_id, filt.metadata)
+            else:
+                with self.db.read() as session:
+                    allowed = chunks.allowed_ids(
+                        session, collection_id, filt.document_ids, filt.metadata
+                    )
         deadline = deadline or Deadline.after_ms(budget_ms)
         cost = self._costs.setdefault(collection_id, _Cost())
         # A few spare candidates absorb hits that the SQL re-check drops.
@@ -151,8 +161,17 @@ class Retriever:
         outcome = self.indexes.search(
             collection_id,
             qvec,
-            Knobs(k=fetch, ef_search=ef, nprobe=nprobe, exact=bool(exact)),
+            Knobs(
+                k=fetch,
+                ef_search=ef,
+                nprobe=nprobe,
+                exact=bool(exact),
+                # What is left of the budget: an index behind a network call (Milvus) uses
+                # it as the call's timeout.
+                budget_ms=max(deadline.remaining_ms(), 1.0) if deadline.bounded else None,
+            ),
             allowed_ids=allowed,
+            where=where,
         )
         timings["search"] = _ms(t)
         if effort:
@@ -176,7 +195,10 @@ class Retriever:
         timings["fuse"] = _ms(t)
 
         t = time.perf_counter()
-        passages = self._hydrate(tenant_id, collection_id, ranked)[:k]
+        passages = self._hydrate(tenant_id, collection_id, ranked)
+        if where is not None:
+            passages = [p for p in passages if matches(where, p.document_id, p.metadata)]
+        passages = passages[:k]
         timings["hydrate"] = _ms(t)
         cost.observe("hydrate_ms", timings["hydrate"])
         timings["total"] = deadline.elapsed_ms()
@@ -240,7 +262,10 @@ class Retriever:
             return None, max(1, state.count // 100)
         index = self.indexes.get(state.collection_id)
         params = index.params
-        if state.kind in ("hnsw", "faiss_hnsw"):
+        knob = getattr(index, "effort_knob", "")  # an index that says which knob costs
+        if knob is None:
+            return None, max(1, state.count // 100)
+        if state.kind in ("hnsw", "faiss_hnsw") or knob == "ef_search":
             default_ef = getattr(index, "default_ef_search", None)
             return "ef_search", int(ef or (default_ef() if default_ef else 128))
         default_nprobe = getattr(index, "default_nprobe", None)

@@ -114,6 +114,7 @@ def build_services(
         embedder.dim,
         snapshot_every=settings.index.snapshot_every,
         keep_generations=settings.index.keep_generations,
+        milvus=settings.milvus,
         erase_interval_s=(settings.purge.interval_s if settings.purge.enabled else float("inf")),
     )
     retriever = Retriever(db, embedder, indexes, settings.search)

@@ -7,6 +7,11 @@ nothing changed, so a chunk is searchable as soon as its ingest transaction comm
 process. Rebuilds run in the background and swap in atomically: a search holds a reference to
 one whole index, never a half-built one.
 
+A kind whose index lives outside the process (`milvus`: its class says `shared`) has no
+snapshots: opening it binds to the Milvus collection SQL names, catching up goes through the
+one writer of rag.index.milvus.shared, and a rebuild fills a new Milvus collection and swaps
+its name in SQL, so every replica follows.
+
 Deletes: catch-up tombstones a removed chunk at once; `purge` (every `erase_interval_s`, from
 the maintenance thread) then erases it for good: from the index's memory (`erase`), from the
 snapshots on disk (a generation older than a removal is rewritten or deleted), and a deleted
@@ -20,18 +25,24 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag.config import MilvusSettings
 from rag.db import Database, changelog, collections
-from rag.index import build_index
+from rag.errors import Invalid
+from rag.index import build_index, index_class
 from rag.index.base import Allowed, VectorIndex, Vectors
 from rag.index.live import IndexState, Live, SearchOutcome
 from rag.index.maintenance import Maintainer
 from rag.index.snapshot import Manifest, SnapshotStore, collections_on_disk
 from rag.index.sync import Spec, SqlSource
 from rag.knobs import Knobs
+
+if TYPE_CHECKING:
+    from rag.index.milvus.filters import Where
+    from rag.index.milvus.shared import SharedIndexes
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +62,7 @@ class IndexManager:
         snapshot_every: int = 10_000,
         keep_generations: int = 2,
         erase_interval_s: float = 60.0,
+        milvus: MilvusSettings | None = None,
     ) -> None:
         self.db = db
         self.data_dir = Path(data_dir)
@@ -67,6 +79,8 @@ class IndexManager:
         self._builds: dict[str, Future[IndexState]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index-build")
         self._maintainer: Maintainer | None = None
+        self.milvus = milvus
+        self._shared: SharedIndexes | None = None
 
     @property
     def catch_up_batch(self) -> int:
@@ -91,12 +105,22 @@ class IndexManager:
         queries: Vectors,
         knobs: Knobs | None = None,
         allowed_ids: Allowed | None = None,
+        where: Where | None = None,
     ) -> SearchOutcome:
+        """`where` goes to an index that filters inside its own engine (`filters_inside`);
+        the caller applies it to what comes back (see rag.index.milvus.filters)."""
         live = self._live(collection_id)
         self.catch_up(collection_id, wait_s=self.catch_up_wait_s)
         index = live.index  # one whole index for this search, even if a rebuild swaps now
-        hits = index.search(queries, knobs or Knobs(), allowed_ids)
+        if where is not None and getattr(index, "filters_inside", False):
+            hits = index.search(queries, knobs or Knobs(), allowed_ids, where=where)  # type: ignore[call-arg]
+        else:
+            hits = index.search(queries, knobs or Knobs(), allowed_ids)
         return SearchOutcome(hits, live.state())
+
+    def filters_inside(self, collection_id: str) -> bool:
+        """True when the collection's index evaluates metadata filters itself (Milvus)."""
+        return bool(getattr(self._live(collection_id).index, "filters_inside", False))
 
     def catch_up(self, collection_id: str, *, wait_s: float | None = None) -> int:
         """Apply change-log rows past the watermark; returns how many were applied.
@@ -108,6 +132,15 @@ class IndexManager:
             live.stale = True
             return 0
         try:
+            if _shared(live.index):
+                count, mark = self._shared_indexes().catch_up(
+                    collection_id,
+                    live.index,  # type: ignore[arg-type]
+                    live.watermark,
+                    wait_s=30.0 if wait_s is None else wait_s,
+                )
+                live.watermark, live.stale = mark, False
+                return count
             applied = self.source.apply_changes(collection_id, live.index, live.watermark)
         except Exception:
             live.stale = True
@@ -129,6 +162,8 @@ class IndexManager:
         removed: no generation holds a removed vector), then delete the generations older
         than the collection's last removal."""
         live = self._live(collection_id)
+        if not getattr(live.index, "snapshots", True):
+            raise Invalid(f"a {live.index.kind} index lives outside this process: no snapshots")
         store = self._store(collection_id)
         with live.lock:
             count, live.watermark = self.source.apply_changes(
@@ -166,12 +201,16 @@ class IndexManager:
         for collection_id in on_disk:
             if collection_id in live_ids and collection_id not in open_ids:
                 self._drop_stale(collection_id, self._store(collection_id))
+        self.sweep_shared()  # Milvus collections of collections deleted anywhere
 
     def erase(self, collection_id: str) -> None:
         """Catch the open index up, erase the vectors of removed chunks from it, and rewrite
         its snapshot if one on disk is older than a removal."""
         live = self._lives.get(collection_id)
         if live is None:
+            return
+        if _shared(live.index):
+            self._erase_shared(collection_id, live)
             return
         with live.lock:
             count, live.watermark = self.source.apply_changes(
@@ -189,6 +228,42 @@ class IndexManager:
             log.info("index %s: collection deleted; dropping its index", collection_id)
         self.forget(collection_id)
         self._store(collection_id).remove_all()
+        if self.milvus is not None and self.milvus.uri:
+            self._shared_indexes().drop(collection_id)  # its Milvus collection, if any
+
+    def _erase_shared(self, collection_id: str, live: Live) -> None:
+        """A Milvus-backed index: the writer deleted removed chunks as it applied them; what
+        is left is to have Milvus compact them out of its segments."""
+        self.catch_up(collection_id, wait_s=0)
+        if live.erased_to >= live.watermark:
+            return
+        with self.db.connect() as conn:
+            removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
+        if removed:
+            live.index.compact()  # type: ignore[attr-defined]
+        live.erased_to = live.watermark
+
+    def sweep_shared(self) -> int:
+        """Drop the Milvus collections of collections deleted elsewhere (another replica's
+        delete, a purge): returns how many went."""
+        if self.milvus is None or not self.milvus.uri:
+            return 0
+        return self._shared_indexes().sweep()
+
+    def _shared_indexes(self) -> SharedIndexes:
+        if self._shared is None:
+            if self.milvus is None or not self.milvus.uri:
+                raise Invalid(
+                    "index kind 'milvus' needs a Milvus server: set RAG_MILVUS__URI "
+                    "(for example http://milvus:19530)"
+                )
+            from rag.index.milvus import MilvusEngine
+            from rag.index.milvus.shared import SharedIndexes
+
+            with self._lock:
+                if self._shared is None:
+                    self._shared = SharedIndexes(self.db, self.source, MilvusEngine(self.milvus))
+        return self._shared
 
     def _erase_removed(self, collection_id: str, live: Live) -> None:
         """Erase the chunks removed in (erased_to, watermark]; the caller holds live.lock."""
@@ -272,6 +347,8 @@ class IndexManager:
             self._maintainer.close()
             self._maintainer = None
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._shared is not None:
+            self._shared.engine.close()
 
     # -------------------------------------------------------------------------- opening
 
@@ -294,6 +371,13 @@ class IndexManager:
 
     def _open(self, collection_id: str) -> Live:
         spec = self.source.spec(collection_id)
+        if _shared_kind(spec.kind):
+            shared = self._shared_indexes()
+            handle, mark = shared.open(collection_id, spec.params)
+            live = Live(collection_id, handle, mark, auto=False, erased_to=mark)
+            with live.lock:
+                _, live.watermark = shared.catch_up(collection_id, handle, mark, wait_s=30.0)
+            return live
         store = self._store(collection_id)
         loaded = store.load_latest(embedding_model=self.embedding_model_id, dim=self.dim)
         if loaded is not None:
@@ -344,6 +428,17 @@ class IndexManager:
                 if kind is None
                 else Spec(kind, dict(params or {}), False)
             )
+            if _shared_kind(spec.kind):
+                # A rebuild asked for (a kind given) builds anew; the maintenance loop's
+                # (kind None) adopts a Milvus collection another replica built to this spec.
+                shared, mark = self._shared_indexes().rebuild(
+                    collection_id, spec.params, force=kind is not None
+                )
+                with live.lock:
+                    live.index, live.watermark, live.auto = shared, mark, False
+                    live.erased_to, live.generation = mark, None
+                    live.changes_since_snapshot, live.stale = 0, False
+                return live.state()
             index, built_at = self.source.build(collection_id, spec.kind, spec.params)
             # Catch the new index up outside the lock, then the last few rows inside it.
             _, watermark = self.source.apply_changes(collection_id, index, built_at)
@@ -363,3 +458,11 @@ class IndexManager:
         if snapshot:
             self.snapshot(collection_id)
         return live.state()
+
+
+def _shared_kind(kind: str) -> bool:
+    return kind != "auto" and bool(getattr(index_class(kind), "shared", False))
+
+
+def _shared(index: VectorIndex) -> bool:
+    return bool(getattr(index, "shared", False))
