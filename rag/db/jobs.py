@@ -4,6 +4,10 @@ PostgreSQL claims with `FOR UPDATE SKIP LOCKED`, so many workers never take one 
 SQLite claims inside `BEGIN IMMEDIATE`, which serialises claimers. Every state change after a
 claim checks that the lease is still ours: a worker whose lease expired (and whose job another
 worker took over) cannot write anything.
+
+A claim is fair across tenants: it takes the tenants' oldest due jobs in turn (round-robin,
+the tenant waiting longest first), so one tenant's flood of uploads delays another tenant's
+upload by at most the batch in progress, never by the whole flood.
 """
 
 from __future__ import annotations
@@ -48,14 +52,16 @@ class JobInput:
 
 
 def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
-    """Take the oldest runnable job: queued and due, or running with an expired lease."""
+    """Take one runnable job: running with an expired lease, else the oldest due job of the
+    tenant that has waited longest."""
     claimed = claim_many(db, owner, lease_s, 1)
     return claimed[0] if claimed else None
 
 
 def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[ClaimedJob]:
     """Take up to `limit` runnable jobs in one transaction (one commit, not one per job),
-    marking their documents `parsing`.
+    marking their documents `parsing`. Due jobs are taken round-robin across tenants (see
+    `_fair_due`).
 
     A job whose worker died (its lease expired) comes first and comes alone. If that worker
     held a batch, nobody knows which job killed it, so the attempt is charged to none of them;
@@ -68,15 +74,7 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
         if recovered is not None:
             taken = [recovered]
         else:
-            stmt = (
-                select(IngestJob)
-                .where(IngestJob.state == "queued", IngestJob.run_after <= t)
-                .order_by(IngestJob.run_after, IngestJob.id)
-                .limit(limit)
-            )
-            if not db.is_sqlite:
-                stmt = stmt.with_for_update(skip_locked=True)
-            taken = list(session.scalars(stmt).all())
+            taken = _fair_due(session, t, limit, skip_locked=not db.is_sqlite)
             for job in taken:
                 job.attempts += 1
                 _lease(job, owner, lease_s, t, len(taken))
@@ -93,6 +91,47 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
             ClaimedJob(j.id, j.document_id, j.collection_id, j.attempts, j.max_attempts, owner)
             for j in taken
         ]
+
+
+def _due(t: float) -> ColumnElement[bool]:
+    return and_(IngestJob.state == "queued", IngestJob.run_after <= t)
+
+
+def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> list[IngestJob]:
+    """Up to `limit` due jobs, round-robin across tenants: each tenant's oldest first, the
+    tenants in the order of their oldest due job. A claim of n jobs thus holds one of each of
+    the first n tenants waiting, however many jobs the first of them queued."""
+    tenants = session.scalars(
+        select(IngestJob.tenant_id)
+        .where(_due(t))
+        .group_by(IngestJob.tenant_id)
+        .order_by(func.min(IngestJob.run_after), IngestJob.tenant_id)
+        .limit(limit)
+    ).all()
+    oldest_first = (IngestJob.run_after, IngestJob.id)
+    if len(tenants) <= 1:  # one tenant waiting: its oldest jobs, in one statement
+        stmt = select(IngestJob).where(_due(t)).order_by(*oldest_first).limit(limit)
+        if skip_locked:
+            stmt = stmt.with_for_update(skip_locked=True)
+        return list(session.scalars(stmt))
+    queues = [
+        list(
+            session.scalars(
+                select(IngestJob.id)
+                .where(_due(t), IngestJob.tenant_id == tenant_id)
+                .order_by(*oldest_first)
+                .limit(limit)
+            )
+        )
+        for tenant_id in tenants
+    ]
+    order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)][:limit]
+    # Locked (and checked again) only now: a job another worker claimed meanwhile is skipped.
+    stmt = select(IngestJob).where(IngestJob.id.in_(order), _due(t))
+    if skip_locked:
+        stmt = stmt.with_for_update(skip_locked=True)
+    rows = {job.id: job for job in session.scalars(stmt)}
+    return [rows[job_id] for job_id in order if job_id in rows]
 
 
 def _take_over(

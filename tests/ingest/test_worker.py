@@ -20,9 +20,9 @@ from rag.db.models import Chunk, Document, IngestJob, Tenant
 from rag.embed import HashEmbedder
 
 
-def _collection(db: Database, embedder: HashEmbedder) -> str:
+def _collection(db: Database, embedder: HashEmbedder, tenant_name: str = "t") -> str:
     with db.write() as s:
-        tenant = Tenant(name="t")
+        tenant = Tenant(name=tenant_name)
         s.add(tenant)
         s.flush()
         c = collections.create(
@@ -322,3 +322,36 @@ def test_a_failed_batch_write_falls_back_to_one_job_at_a_time(
     assert batches == [3, 1, 1, 1]
     with db.read() as s:
         assert [s.get(IngestJob, i).state for i in ids] == ["done"] * 3  # type: ignore[union-attr]
+
+
+def test_a_claim_takes_tenants_in_turn_not_one_tenants_flood(db: Database) -> None:
+    """FIFO claims put one tenant's flood ahead of everyone: tenant b's single upload waited
+    behind all of a's. A claim now takes the tenants' oldest jobs in turn."""
+    emb = HashEmbedder()
+    flood, other, third = (_collection(db, emb, name) for name in ("a", "b", "c"))
+    a_jobs = [_upload(db, flood, f"flood {i}") for i in range(10)]
+    b_jobs = [_upload(db, other, f"other {i}") for i in range(2)]
+    c_job = _upload(db, third, "third")
+    held = jobs.claim_many(db, "w", lease_s=30, limit=5)
+    # a waited longest, then b, then c; each tenant's own jobs oldest first.
+    assert [j.id for j in held] == [a_jobs[0], b_jobs[0], c_job, a_jobs[1], b_jobs[1]]
+    rest = jobs.claim_many(db, "w", lease_s=30, limit=64)
+    assert [j.id for j in rest] == a_jobs[2:]
+    assert jobs.claim_many(db, "w", lease_s=30, limit=64) == []
+
+
+def test_a_flood_delays_another_tenant_by_one_batch_at_most(db: Database) -> None:
+    emb = HashEmbedder()
+    flood, other = _collection(db, emb, "a"), _collection(db, emb, "b")
+    for i in range(40):
+        _upload(db, flood, f"flood {i}")
+    late = _upload(db, other, "uploaded after the flood")
+    settings = IngestSettings(lease_s=5, claim_batch=8)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    assert worker.run_once()  # the first batch
+    with db.read() as s:
+        assert s.get(IngestJob, late).state == "done"  # type: ignore[union-attr]
+        done = s.scalar(
+            select(func.count()).select_from(IngestJob).where(IngestJob.state == "done")
+        )
+    assert done == 8
