@@ -1,8 +1,8 @@
 """Vectors in Milvus (Standalone, Distributed, or `milvus-lite server`): one Milvus collection
 per ragserve collection, derived from SQL like every other index, shared by every replica."""
 
-from rag.index.milvus.engine import MilvusEngine
+from rag.index.milvus.engine import MilvusEngine, VectorEngineUnavailable
 from rag.index.milvus.filters import Where
-from rag.index.milvus.index import MilvusIndex, VectorEngineUnavailable
+from rag.index.milvus.index import MilvusIndex
 
 __all__ = ["MilvusEngine", "MilvusIndex", "VectorEngineUnavailable", "Where"]

@@ -15,15 +15,32 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rag.config import MilvusSettings
-from rag.errors import Invalid
+from rag.errors import Invalid, Overloaded
 
 log = logging.getLogger(__name__)
 
 # Index types of Milvus's own, by the name ragserve's params use.
 INDEX_TYPES = ("HNSW", "IVF_FLAT", "IVF_SQ8", "FLAT")
+
+
+class VectorEngineUnavailable(Overloaded):
+    """Milvus did not answer in time (or at all): this request fails, the service does not."""
+
+    code = "vector_engine_unavailable"
+
+
+def translated(exc: BaseException, what: str) -> BaseException:
+    """A timeout or an unreachable server as VectorEngineUnavailable; anything else as is."""
+    if _is_timeout(exc) or _is_unavailable(exc):
+        return VectorEngineUnavailable(
+            f"the vector engine did not answer ({what})", retry_after_s=1.0
+        )
+    return exc
 
 
 class MilvusEngine:
@@ -37,6 +54,10 @@ class MilvusEngine:
                 "(for example http://milvus:19530)"
             )
         self.settings = settings
+        # pymilvus logs every failed call with its traceback and the request's text (a
+        # filter's metadata values among it); failures reach our callers as exceptions,
+        # and they log what they need.
+        logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -63,16 +84,32 @@ class MilvusEngine:
     def owns(self, name: str) -> bool:
         return name.startswith(self.settings.collection_prefix + "_")
 
+    @contextmanager
+    def _calling(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            error = translated(exc, what)
+            if error is exc:
+                raise
+            raise error from exc
+
     def exists(self, name: str) -> bool:
-        return bool(self.client.has_collection(name, timeout=self.settings.call_timeout_s))
+        with self._calling("has_collection"):
+            return bool(self.client.has_collection(name, timeout=self.settings.call_timeout_s))
 
     def create(self, name: str, dim: int, index_type: str, build: dict[str, Any]) -> None:
         """Create (if missing) and load a collection of the shape above."""
+        with self._calling("create_collection"):
+            client = self.client
+            if not client.has_collection(name, timeout=self.settings.call_timeout_s):
+                self._create(client, name, dim, index_type, build)
+
+    def _create(
+        self, client: Any, name: str, dim: int, index_type: str, build: dict[str, Any]
+    ) -> None:
         from pymilvus import DataType
 
-        client = self.client
-        if client.has_collection(name, timeout=self.settings.call_timeout_s):
-            return
         schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("id", DataType.INT64, is_primary=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
@@ -92,17 +129,44 @@ class MilvusEngine:
         log.info("milvus collection %s created (%s, %d-d)", name, index_type, dim)
 
     def drop(self, name: str) -> None:
-        client = self.client
-        if client.has_collection(name, timeout=self.settings.call_timeout_s):
-            client.drop_collection(name, timeout=self.settings.call_timeout_s)
-            log.info("milvus collection %s dropped", name)
+        with self._calling("drop_collection"):
+            client = self.client
+            if client.has_collection(name, timeout=self.settings.call_timeout_s):
+                client.drop_collection(name, timeout=self.settings.call_timeout_s)
+                log.info("milvus collection %s dropped", name)
 
     def names(self) -> list[str]:
         """The Milvus collections this service's prefix owns."""
-        found = self.client.list_collections(timeout=self.settings.call_timeout_s)
+        with self._calling("list_collections"):
+            found = self.client.list_collections(timeout=self.settings.call_timeout_s)
         return [n for n in found if self.owns(n)]
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _grpc_code(exc: BaseException) -> str | None:
+    code = getattr(exc, "code", None)
+    if callable(code):
+        try:
+            return str(getattr(code(), "name", code()))
+        except Exception:
+            return None
+    return None
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    if _grpc_code(exc) == "DEADLINE_EXCEEDED":
+        return True
+    return type(exc).__name__ == "MilvusException" and "timeout" in str(exc).lower()
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if _grpc_code(exc) == "UNAVAILABLE":
+        return True
+    if type(exc).__name__ == "MilvusUnavailableException":
+        return True
+    # pymilvus's "Fail connecting to server" (no server at the URI, or it went away).
+    return type(exc).__name__ == "MilvusException" and getattr(exc, "code", None) == 2

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.errors import Invalid, Overloaded
+from rag.errors import Invalid
 from rag.index.base import (
     Allowed,
     Hits,
@@ -35,7 +35,11 @@ from rag.index.base import (
     as_vectors,
     auto_ef_search,
 )
-from rag.index.milvus.engine import INDEX_TYPES, MilvusEngine
+from rag.index.milvus.engine import (
+    INDEX_TYPES,
+    MilvusEngine,
+    translated,
+)
 from rag.index.milvus.filters import ID_LIST_MAX, Where, expression, id_list
 from rag.knobs import Knobs
 
@@ -49,12 +53,6 @@ _ID_BATCH = 4096
 Attrs = Sequence[tuple[str, dict[str, Any]]]  # (document id, metadata) per row
 # What a bound index asks when its Milvus collection has gone: the current (name, params).
 Resolver = Callable[[], tuple[str, dict[str, Any]] | None]
-
-
-class VectorEngineUnavailable(Overloaded):
-    """Milvus did not answer in time (or at all): this search fails, the service does not."""
-
-    code = "vector_engine_unavailable"
 
 
 class MilvusIndex:
@@ -348,11 +346,7 @@ class MilvusIndex:
             except Exception as exc:
                 if attempt == 0 and _is_missing(exc) and self._follow():
                     continue
-                if _is_timeout(exc) or _is_unavailable(exc):
-                    raise VectorEngineUnavailable(
-                        f"the vector engine did not answer ({method})", retry_after_s=1.0
-                    ) from exc
-                raise
+                raise translated(exc, method) from exc
         raise AssertionError("unreachable")
 
     def _follow(self) -> bool:
@@ -374,28 +368,6 @@ def _hits(row: Sequence[dict[str, Any]], post: set[int] | None, k: int) -> Hits:
         ids, scores = ids[keep], scores[keep]
     order = np.lexsort((ids, -scores))[:k]
     return Hits(np.ascontiguousarray(ids[order]), np.ascontiguousarray(scores[order]))
-
-
-def _grpc_code(exc: BaseException) -> str | None:
-    code = getattr(exc, "code", None)
-    if callable(code):
-        try:
-            return str(getattr(code(), "name", code()))
-        except Exception:
-            return None
-    return None
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    if _grpc_code(exc) == "DEADLINE_EXCEEDED":
-        return True
-    return type(exc).__name__ == "MilvusException" and "timeout" in str(exc).lower()
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    if _grpc_code(exc) == "UNAVAILABLE":
-        return True
-    return type(exc).__name__ == "MilvusUnavailableException"
 
 
 def _is_missing(exc: BaseException) -> bool:

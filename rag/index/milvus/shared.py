@@ -93,9 +93,7 @@ class SharedIndexes:
                         return 0, seen  # not built yet: the build replays the log itself
                     if binding.name != index.name:
                         index.rebind(binding.name, binding.params)
-                    count, mark = self.source.apply_changes(
-                        collection_id, index, binding.watermark
-                    )
+                    count, mark = self.source.apply_changes(collection_id, index, binding.watermark)
                     if mark != binding.watermark and not writer.advance(
                         binding.name, binding.watermark, mark
                     ):
