@@ -87,17 +87,18 @@ def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
         return key
 
 
-def _key_of(authorization: str | None) -> str | None:
+def bearer_key(authorization: str | None) -> str | None:
     """The key of a well-formed `Bearer <key>` header, else None."""
     scheme, _, key = (authorization or "").partition(" ")
     key = key.strip()
     return key if scheme.lower() == "bearer" and key else None
 
 
-def _bearer(authorization: str | None) -> str:
+def bearer(authorization: str | None) -> str:
+    """The key of a `Bearer <key>` header, or Unauthorized saying what is wrong."""
     if not authorization:
         raise Unauthorized("missing Authorization header: use 'Authorization: Bearer <key>'")
-    key = _key_of(authorization)
+    key = bearer_key(authorization)
     if key is None:
         raise Unauthorized("Authorization header must be 'Bearer <key>'")
     return key
@@ -122,7 +123,7 @@ class KeyCache:
     def get(self, authorization: str | None) -> Principal | None:
         """The principal of a well-formed header whose key resolved recently, else None (the
         caller then authenticates against the database, which also explains what is wrong)."""
-        key = _key_of(authorization) if self._entries else None
+        key = bearer_key(authorization) if self._entries else None
         if key is None:
             return None
         hit = self._entries.get(hash_key(key))
@@ -146,7 +147,7 @@ class KeyCache:
 def authenticate(
     db: Database, authorization: str | None, cache: KeyCache | None = None
 ) -> Principal:
-    digest = hash_key(_bearer(authorization))
+    digest = hash_key(bearer(authorization))
     with db.connect() as conn:  # a prebuilt statement, no ORM
         row = key_rows.live_by_hash(conn, digest)
     # The lookup is by hash; compare again in constant time for good measure.

@@ -143,6 +143,10 @@ class AskSettings(_Section):
     default_max_tokens: int = Field(256, ge=1)
     max_tokens_limit: int = Field(4096, ge=1)
     max_question_chars: int = Field(4000, ge=1)
+    # Plain chat: the most text all messages of one request may hold, checked before they are
+    # tokenized (32,000 characters are ~8,000 tokens, the bundled model's context, and take
+    # ~6 ms to tokenize); requests can state at most 64,000.
+    max_chat_chars: int = Field(32_000, ge=1, le=64_000)
     # The budget when the request sets none (None: no budget), and the share of it retrieval
     # may use; generation gets the rest.
     default_budget_ms: float | None = Field(None, gt=0)
@@ -162,6 +166,26 @@ class ApiSettings(_Section):
     port: int = Field(8000, ge=1, le=65535)
     long_poll_max_s: float = Field(60.0, gt=0)
     page_size_max: int = Field(500, ge=1)
+    # JSON bodies of every route but the upload (which takes ingest.max_upload_mb): refused
+    # with 413 as soon as more than this has streamed in.
+    max_json_body_kb: int = Field(1024, ge=16, le=65_536)
+    # The service's own threads for the blocking work of requests (rag.api.pools): searches,
+    # other database work (listings, collections, documents, jobs) and key lookups. A request
+    # that finds its kind's threads busy and `thread_queue` others waiting gets 429 at once.
+    search_threads: int = Field(8, ge=1, le=1024)
+    db_threads: int = Field(8, ge=1, le=1024)
+    auth_threads: int = Field(4, ge=1, le=1024)
+    thread_queue: int = Field(64, ge=0, le=100_000)
+    # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
+    max_long_polls: int = Field(256, ge=1, le=100_000)
+    # How often a long poll looks at its job: first after `long_poll_first_s`, then less
+    # and less often (x1.5 a time) up to `long_poll_every_s`.
+    long_poll_first_s: float = Field(0.1, gt=0)
+    long_poll_every_s: float = Field(1.0, gt=0)
+
+    @property
+    def max_json_body_bytes(self) -> int:
+        return self.max_json_body_kb * 1024
 
 
 class MetricsSettings(_Section):

@@ -29,7 +29,13 @@ async def prepare(
     params: SamplingParams,
     budget_ms: float | None,
 ) -> Prepared:
-    """`messages` as (role, text); other roles (tools) are left out."""
+    """`messages` as (role, text); other roles (tools) are left out. Their size is checked
+    before anything is tokenized: the local engine tokenizes in `submit`, on the event loop
+    (its stream is bound to the running loop), so only a bounded prompt may get there."""
+    limit = services.settings.ask.max_chat_chars
+    chars = sum(len(text) for _, text in messages)
+    if chars > limit:
+        raise Invalid(f"messages hold {chars} characters of text; the limit is {limit}")
     engine = await asyncio.to_thread(lambda: services.engine)
     admit(engine)
     chat = [{"role": _ROLES[role], "content": text} for role, text in messages if role in _ROLES]

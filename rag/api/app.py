@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from rag import __version__
-from rag.api import errors
-from rag.api.limits import BodyLimit
+from rag.api import errors, openapi
+from rag.api.limits import BodyLimit, path_pattern
 from rag.api.middleware import install as install_metrics
+from rag.api.pools import Pools
 from rag.api.routes import ask, collections, console, documents, jobs, keys, openai, ops, search
 from rag.config import Settings
 from rag.services import Services, build_services
@@ -38,8 +39,15 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
     )
     if services is not None:
         app.state.services = services
+    app.state.pools = Pools(settings.api)
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.ingest.max_upload_bytes + MULTIPART_OVERHEAD)
+    openapi.install(app)
+    upload = ("POST", path_pattern(documents.UPLOAD_PATH), settings.ingest.max_upload_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.api.max_json_body_bytes,
+        larger=[(upload[0], upload[1], upload[2] + MULTIPART_OVERHEAD)],
+    )
     install_metrics(app, settings)  # outermost: times and tags everything inside
     for module in (ops, keys, collections, documents, jobs, search, console, ask, openai):
         app.include_router(module.router)

@@ -5,29 +5,38 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
-from starlette.concurrency import run_in_threadpool
 
+from rag.api.pools import Pools
 from rag.auth import Principal, authenticate
 from rag.services import Services
 
 
-def get_services(request: Request) -> Services:
+# Async, so that resolving them never takes a thread.
+async def get_services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
+async def get_pools(request: Request) -> Pools:
+    return request.app.state.pools  # type: ignore[no-any-return]
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
+PoolsDep = Annotated[Pools, Depends(get_pools)]
 
 
 async def current_principal(
     services: ServicesDep,
-    authorization: Annotated[str | None, Header(description="Bearer <API key>")] = None,
+    pools: PoolsDep,
+    authorization: Annotated[
+        str | None, Header(max_length=1024, description="Bearer <API key>")
+    ] = None,
 ) -> Principal:
     # A key seen in the last moment resolves here, on the event loop; anything else (a new
-    # key, a wrong one) goes to the database on a worker thread.
+    # key, a wrong one) goes to the database on a key-lookup thread (429 when all are busy).
     principal = services.key_cache.get(authorization)
     if principal is not None:
         return principal
-    return await run_in_threadpool(authenticate, services.db, authorization, services.key_cache)
+    return await pools.auth.run(authenticate, services.db, authorization, services.key_cache)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

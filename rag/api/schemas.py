@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,6 +17,24 @@ def iso(t: float | None) -> str | None:
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Bounds every request states in its schema (and so in /openapi.json).
+Id = Annotated[str, Field(min_length=1, max_length=64, description="an id")]
+MetaKey = Annotated[str, Field(min_length=1, max_length=100)]
+MetaText = Annotated[str, Field(max_length=4096)]
+# Numbers JSON readers everywhere agree on: integers a double holds exactly, finite floats.
+Integer = Annotated[int, Field(ge=-(2**53), le=2**53)]
+Real = Annotated[float, Field(ge=-1e300, le=1e300)]
+MetaValue = MetaText | Integer | Real | bool
+MAX_META_KEYS = 64
+ParamName = Annotated[str, Field(min_length=1, max_length=64)]
+ParamValue = Integer | Real | bool | Annotated[str, Field(max_length=64)]
+# Index build parameters: each kind's own bounds are checked by rag.index.check_params.
+IndexParams = Annotated[
+    dict[ParamName, ParamValue],
+    Field(max_length=16, description="build parameters of the index kind (see the README)"),
+]
 
 
 # ---------------------------------------------------------------- collections
@@ -34,7 +52,7 @@ IndexKind = Literal[
 
 class IndexIn(Request):
     kind: IndexKind = "auto"
-    params: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    params: IndexParams = Field(default_factory=dict)
 
 
 class CollectionCreate(Request):
@@ -95,11 +113,18 @@ class CollectionList(BaseModel):
 # ---------------------------------------------------------------- documents
 
 
+# The most text one JSON document may hold; the upload limit (ingest.max_upload_mb, in bytes
+# of UTF-8) is usually the tighter bound.
+MAX_TEXT_CHARS = 50 * 1024 * 1024
+
+
 class TextDocumentIn(Request):
-    text: str = Field(min_length=1, description="the document's text")
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="the document's text")
     filename: str | None = Field(None, max_length=255)
     media_type: Literal["text/plain", "text/markdown", "text/html"] | None = None
-    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    metadata: dict[MetaKey, MetaValue | None] = Field(
+        default_factory=dict, max_length=MAX_META_KEYS, description="at most 16 KiB as JSON"
+    )
 
     @field_validator("text")
     @classmethod
@@ -288,9 +313,11 @@ class Health(BaseModel):
 
 
 class SearchFilter(Request):
-    document_ids: list[str] | None = Field(None, max_length=10_000)
-    metadata: dict[str, str | int | float | bool] | None = Field(
-        None, description="documents whose metadata has all these key/values"
+    document_ids: list[Id] | None = Field(None, max_length=10_000)
+    metadata: dict[MetaKey, MetaValue] | None = Field(
+        None,
+        max_length=MAX_META_KEYS,
+        description="documents whose metadata has all these key/values",
     )
 
 
@@ -342,7 +369,7 @@ class SearchOut(BaseModel):
 
 class RebuildIn(Request):
     kind: IndexKind | None = None
-    params: dict[str, int | float | str | bool] | None = None
+    params: IndexParams | None = None
 
 
 class SearchDefaultsIn(Request):

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.api.schemas import PassageOut, Request, SearchFilter
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage
+
+# The engine scans every stop string at every token: a few short ones only.
+StopString = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_STOPS = 8
+SEED_MAX = 2**63 - 1
 
 # ---------------------------------------------------------------- ask
 
@@ -28,8 +33,8 @@ class AskIn(Request):
     max_tokens: int | None = Field(None, ge=1, le=4096)
     temperature: float = Field(0.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: list[str] | None = Field(None, max_length=8)
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: list[StopString] | None = Field(None, max_length=MAX_STOPS)
     budget_ms: float | None = Field(None, gt=0, le=600_000, description="whole-request budget")
     stream: bool = False
 
@@ -38,13 +43,6 @@ class AskIn(Request):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("question is empty")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and any(not s or len(s) > 64 for s in v):
-            raise ValueError("stop strings must be 1-64 characters")
         return v
 
 
@@ -95,16 +93,28 @@ class AskOut(BaseModel):
 # ---------------------------------------------------------------- OpenAI-compatible
 
 
+# Plain chat tokenizes every message: bounded per message and in total (the total is also
+# checked against ask.max_chat_chars before anything is tokenized).
+MAX_MESSAGE_CHARS = 32_000
+MAX_MESSAGES_CHARS = 64_000
+MAX_MESSAGES = 256
+
+
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
+    # Other part kinds (images, audio) carry fields of their own: accepted and ignored.
+    model_config = ConfigDict(extra="ignore")
+    type: str = Field(min_length=1, max_length=32)
+    text: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
 
 
 class ChatMessage(Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: (
+        Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
+        | Annotated[list[ContentPart], Field(max_length=32)]
+        | None
+    ) = None
+    name: str | None = Field(None, max_length=64)
 
     def text(self) -> str:
         if self.content is None:
@@ -120,24 +130,37 @@ class StreamOptions(Request):
 
 class ChatCompletionIn(Request):
     model: str = Field(min_length=1, max_length=200)
-    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        description=f"at most {MAX_MESSAGES_CHARS} characters of text in all",
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, le=4096)
     max_completion_tokens: int | None = Field(None, ge=1, le=4096)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
-    user: str | None = None
+    user: str | None = Field(None, max_length=256)
     # ignored, accepted so that ordinary clients work
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    top_k: int | None = Field(None, ge=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: int | None = Field(None, ge=0, le=1000, description="0: off")
     # ragserve extensions (the openai client sends them with extra_body)
     k: int | None = Field(None, ge=1, le=200)
     budget_ms: float | None = Field(None, gt=0, le=600_000)
+
+    @model_validator(mode="after")
+    def _bounded_text(self) -> ChatCompletionIn:
+        total = sum(len(m.text()) for m in self.messages)
+        if total > MAX_MESSAGES_CHARS:
+            raise ValueError(
+                f"messages hold {total} characters of text; the limit is {MAX_MESSAGES_CHARS}"
+            )
+        return self
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rag.errors import Invalid
 from rag.index.base import Hits, VectorIndex, read_meta
+from rag.index.params import check
 from rag.knobs import MAX_K, Knobs
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Knobs",
     "VectorIndex",
     "build_index",
+    "check_params",
     "default_kind_for",
     "index_class",
     "load_index",
@@ -68,10 +70,26 @@ def default_kind_for(n_vectors: int) -> str:
     return "faiss_flat" if n_vectors < EXACT_MAX else "hnsw"
 
 
+def check_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    """The build parameters if `kind` takes them all, within the bounds its backend declares
+    (`param_schema`, see rag.index.params), else Invalid; nothing is allocated. "auto" takes
+    none: the kind it becomes is chosen by size."""
+    params = dict(params or {})
+    if kind == "auto":
+        if params:
+            raise Invalid("index kind 'auto' takes no parameters: choose a kind to set them")
+        return params
+    schema = getattr(index_class(kind), "param_schema", None)
+    if schema is None:  # a backend that declares none: its constructor judges
+        return params
+    return check(kind, schema, params)
+
+
 def build_index(kind: str, dim: int, params: dict[str, Any] | None = None) -> VectorIndex:
     cls = index_class(kind)
+    params = check_params(kind, params)
     try:
-        return cls(dim, **(params or {}))  # type: ignore[call-arg]
+        return cls(dim, **params)  # type: ignore[call-arg]
     except TypeError as exc:
         raise Invalid(f"bad parameters for a {kind} index: {exc}") from exc
 

@@ -22,6 +22,7 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class ExactIndex:
     """Rows in one growable matrix; a label maps to its row, removal moves the last row in."""
 
     kind = "exact"
+    param_schema: dict[str, Param] = {}
 
     def __init__(self, dim: int, **params: Any) -> None:
         if params:

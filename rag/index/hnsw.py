@@ -32,6 +32,7 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,15 @@ _BLOCK = 8192
 class HnswIndex:
     kind = "hnsw"
     brute_force_max = BRUTE_FORCE_MAX
+    # hnswlib allocates capacity x (vector + 2m links) at once: at 384-d and m=16 the
+    # largest initial capacity is ~170 MB (it grows by doubling as vectors arrive anyway).
+    param_schema = {
+        "m": Param(int, 2, 128, doc="links per node"),
+        "ef_construction": Param(int, 1, 4096, doc="candidate list while building"),
+        "ef_search": Param(int, 1, 10_000, nullable=True, doc="default search candidates"),
+        "initial_capacity": Param(int, 0, 100_000, doc="vectors allocated up front"),
+        "seed": Param(int, 0, 2**31 - 1),
+    }
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import APIRouter
@@ -165,6 +166,7 @@ def test_stage_timings_and_request_ids(tmp_path: Path, hash_embedder: HashEmbedd
 
 class _FakeEngine(BackendBasics):
     def metrics(self):  # type: ignore[no-untyped-def]
+        from rag.engine.passages import PassageStats
         from rag.engine.protocol import EngineMetrics
 
         return EngineMetrics(
@@ -178,6 +180,10 @@ class _FakeEngine(BackendBasics):
             steps=50,
             tokens_per_step=12.5,
             generated_tokens=600,
+            passages=PassageStats(
+                hits=7, misses=3, evictions=1, reused_tokens=900, recomputed_tokens=40,
+                entries=9, bytes=4096,
+            ),  # fmt: skip
         )
 
 
@@ -194,6 +200,13 @@ def test_engine_figures_once_loaded(
     assert _value(samples, "rag_engine_prefix_cache_hit_rate") == 0.25
     assert _value(samples, "rag_engine_preemptions_total") == 4
     assert _value(samples, "rag_engine_tokens_per_step") == 12.5
+    assert _value(samples, "rag_engine_passage_cache_lookups_total", result="hit") == 7
+    assert _value(samples, "rag_engine_passage_cache_lookups_total", result="miss") == 3
+    assert _value(samples, "rag_engine_passage_cache_evictions_total") == 1
+    assert _value(samples, "rag_engine_passage_tokens_total", how="reused") == 900
+    assert _value(samples, "rag_engine_passage_tokens_total", how="recomputed") == 40
+    assert _value(samples, "rag_engine_passage_cache_entries") == 9
+    assert _value(samples, "rag_engine_passage_cache_bytes") == 4096
 
 
 def test_readyz_ready_then_database_gone(
@@ -300,9 +313,43 @@ def test_readyz_names_an_index_that_has_fallen_behind(
         replica.indexes.catch_up_batch = 1
         checks = readiness(replica)
         assert checks["indexes"]["ok"] is False
-        assert checks["indexes"]["behind"] == {cid: "2 changes behind"}
+        assert checks["indexes"]["behind"] == 1  # counted: probes carry no key, ids stay out
+        assert cid not in str(checks)
         assert checks["database"]["ok"] and checks["embedder"]["ok"]
         replica.indexes.catch_up(cid)
         assert readiness(replica)["indexes"] == {"ok": True, "open": 1}
     finally:
         replica.close()
+
+
+def test_a_rebuild_keeps_the_replica_ready_and_readyz_names_no_collection(
+    make_api: Callable[..., Api],
+    sqlite_url: str,
+    hash_embedder: HashEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    api = make_api(sqlite_url, hash_embedder)
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    api.wait_job(api.a, item["job_id"])
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    release = threading.Event()
+    source = api.services.indexes.source
+    real = source.build
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source, "build", slow)
+    try:
+        r = api.client.post(f"/v1/collections/{cid}/index/rebuild", json={}, headers=api.a)
+        assert r.status_code == 202 and r.json()["building"] is True, r.text
+        r = api.client.get("/readyz")
+        assert r.status_code == 200, r.text
+        assert r.json()["checks"]["indexes"] == {"ok": True, "open": 1, "rebuilding": 1}
+        assert cid not in r.text
+    finally:
+        release.set()

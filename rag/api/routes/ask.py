@@ -14,15 +14,16 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.openapi import WITH_BODY, errors
 from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut, passages_out
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
@@ -84,10 +85,10 @@ def sse(event: str, data: object) -> bytes:
 @router.post(
     "/v1/collections/{collection_id}/ask",
     response_model=AskOut,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **WITH_BODY, **errors(404)},
 )
 async def ask(
-    collection_id: str,
+    collection_id: Annotated[str, Path(max_length=64)],
     body: AskIn,
     request: Request,
     services: ServicesDep,

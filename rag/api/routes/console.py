@@ -10,15 +10,18 @@ or run script even if it were ever rendered by mistake.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.openapi import AUTHENTICATED, errors
 from rag.db import collections
 from rag.errors import NotFound
+from rag.services import Services
 
 router = APIRouter()
 
@@ -65,17 +68,17 @@ def _file(name: str) -> FileResponse:
 
 
 @router.get("/", include_in_schema=False)
-def root() -> RedirectResponse:
+async def root() -> RedirectResponse:
     return RedirectResponse("/console", status_code=307)
 
 
 @router.get("/console", include_in_schema=False)
-def console() -> FileResponse:
+async def console() -> FileResponse:
     return _file("index.html")
 
 
 @router.get("/console/{name}", include_in_schema=False)
-def console_file(name: str) -> FileResponse:
+async def console_file(name: str) -> FileResponse:
     return _file(name)
 
 
@@ -104,13 +107,25 @@ class TuningOut(BaseModel):
 
 
 @router.get(
-    "/v1/collections/{collection_id}/tuning", response_model=TuningOut, tags=["collections"]
+    "/v1/collections/{collection_id}/tuning",
+    response_model=TuningOut,
+    tags=["collections"],
+    responses={**AUTHENTICATED, **errors(404)},
 )
-def get_tuning(collection_id: str, services: ServicesDep, principal: CurrentPrincipal) -> TuningOut:
+async def get_tuning(
+    collection_id: Annotated[str, PathParam(max_length=64)],
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    pools: PoolsDep,
+) -> TuningOut:
     """The recall-versus-latency measurements `rag tune` stored for the collection (404 when it
     was never tuned). `search_defaults` are the knobs searches use now."""
+    return await pools.db.run(_tuning, services, principal.tenant_id, collection_id)
+
+
+def _tuning(services: Services, tenant_id: str, collection_id: str) -> TuningOut:
     with services.db.read() as session:
-        c = collections.get(session, principal.tenant_id, collection_id)
+        c = collections.get(session, tenant_id, collection_id)
         if not c.tuning:
             raise NotFound(f"collection {collection_id} has not been tuned: run `rag tune`")
         t = c.tuning

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.datastructures import UploadFile
 
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.openapi import AUTHENTICATED, document, errors
 from rag.api.schemas import (
     AcceptedDocument,
     ChunkList,
@@ -24,7 +25,12 @@ from rag.services import Services
 from rag.upload.accept import Incoming, accept
 from rag.upload.detect import safe_filename
 
-router = APIRouter(tags=["documents"])
+router = APIRouter(tags=["documents"], responses=AUTHENTICATED)
+
+UPLOAD_PATH = "/v1/collections/{collection_id}/documents"
+CollectionId = Annotated[str, Path(max_length=64)]
+DocumentId = Annotated[str, Path(max_length=64)]
+document(TextDocumentIn, TextDocumentsIn)
 
 UPLOAD_DOC = {
     "requestBody": {
@@ -54,27 +60,34 @@ UPLOAD_DOC = {
 
 
 @router.post(
-    "/v1/collections/{collection_id}/documents",
+    UPLOAD_PATH,
     status_code=202,
     response_model=UploadAccepted,
     openapi_extra=UPLOAD_DOC,
+    responses=errors(403, 404, 413, 415),
 )
 async def upload(
-    collection_id: str, request: Request, services: ServicesDep, principal: CurrentPrincipal
+    collection_id: CollectionId,
+    request: Request,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    pools: PoolsDep,
 ) -> UploadAccepted:
     """Upload one or many files (multipart field `files`, optional JSON `metadata`), or text
-    as JSON. 202 means durable: each document will end `indexed` or `failed`."""
+    as JSON. 202 means durable: each document will end `indexed` or `failed`. The key is
+    checked before the body is read."""
     limit = services.settings.ingest.max_upload_bytes
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "multipart/form-data":
         incoming = await _read_multipart(request, services, limit)
     elif ctype == "application/json":
-        incoming = _read_json(await request.body(), limit)
+        # Up to the upload limit of JSON: parsed on a thread, never on the event loop.
+        incoming = await asyncio.to_thread(_read_json, await request.body(), limit)
     else:
         raise UnsupportedMediaType(
             "send multipart/form-data (field 'files') or application/json ({'text': ...})"
         )
-    accepted = await run_in_threadpool(
+    accepted = await pools.db.run(
         lambda: accept(
             services.db, principal.tenant_id, collection_id, incoming,
             max_attempts=services.settings.ingest.max_attempts,
@@ -161,55 +174,77 @@ def _read_json(raw: bytes, limit: int) -> list[Incoming]:
     return out
 
 
-@router.get("/v1/collections/{collection_id}/documents", response_model=DocumentList)
-def list_documents(
-    collection_id: str,
+@router.get(UPLOAD_PATH, response_model=DocumentList, responses=errors(404))
+async def list_documents(
+    collection_id: CollectionId,
     services: ServicesDep,
     principal: CurrentPrincipal,
+    pools: PoolsDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
-    status: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    status: Annotated[str | None, Query(max_length=20)] = None,
 ) -> DocumentList:
-    with services.db.read() as session:
-        docs, next_cursor = documents.list_page(
-            session,
-            principal.tenant_id,
-            collection_id,
-            limit=limit,
-            cursor=cursor,
-            status=status,
-        )
-        return DocumentList(documents=[DocumentOut.of(d) for d in docs], next_cursor=next_cursor)
+    def page() -> DocumentList:
+        with services.db.read() as session:
+            docs, next_cursor = documents.list_page(
+                session,
+                principal.tenant_id,
+                collection_id,
+                limit=limit,
+                cursor=cursor,
+                status=status,
+            )
+            return DocumentList(
+                documents=[DocumentOut.of(d) for d in docs], next_cursor=next_cursor
+            )
+
+    return await pools.db.run(page)
 
 
-@router.get("/v1/documents/{document_id}", response_model=DocumentOut)
-def get_document(
-    document_id: str, services: ServicesDep, principal: CurrentPrincipal
+@router.get("/v1/documents/{document_id}", response_model=DocumentOut, responses=errors(404))
+async def get_document(
+    document_id: DocumentId, services: ServicesDep, principal: CurrentPrincipal, pools: PoolsDep
 ) -> DocumentOut:
-    with services.db.read() as session:
-        return DocumentOut.of(documents.get(session, principal.tenant_id, document_id))
+    def one() -> DocumentOut:
+        with services.db.read() as session:
+            return DocumentOut.of(documents.get(session, principal.tenant_id, document_id))
+
+    return await pools.db.run(one)
 
 
-@router.get("/v1/documents/{document_id}/chunks", response_model=ChunkList)
-def list_chunks(
-    document_id: str,
+@router.get("/v1/documents/{document_id}/chunks", response_model=ChunkList, responses=errors(404))
+async def list_chunks(
+    document_id: DocumentId,
     services: ServicesDep,
     principal: CurrentPrincipal,
+    pools: PoolsDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> ChunkList:
-    with services.db.read() as session:
-        rows = chunks.list_page(
-            session, principal.tenant_id, document_id, limit=limit, offset=offset
-        )
-        return ChunkList(chunks=[ChunkOut.of(c) for c in rows], offset=offset, limit=limit)
+    def page() -> ChunkList:
+        with services.db.read() as session:
+            rows = chunks.list_page(
+                session, principal.tenant_id, document_id, limit=limit, offset=offset
+            )
+            return ChunkList(chunks=[ChunkOut.of(c) for c in rows], offset=offset, limit=limit)
+
+    return await pools.db.run(page)
 
 
-@router.delete("/v1/documents/{document_id}", status_code=204)
-def delete_document(
-    document_id: str, services: ServicesDep, principal: CurrentPrincipal
+@router.delete(
+    "/v1/documents/{document_id}",
+    status_code=204,
+    response_class=Response,
+    responses=errors(404),
+)
+async def delete_document(
+    document_id: DocumentId, services: ServicesDep, principal: CurrentPrincipal, pools: PoolsDep
 ) -> Response:
     """Tombstone at once: from this answer on the document is in no result or answer."""
-    with services.db.write() as session:
-        documents.delete(session, principal.tenant_id, document_id)
+
+    def delete() -> None:
+        with services.db.write() as session:
+            documents.delete(session, principal.tenant_id, document_id)
+
+    await pools.db.run(delete)
     return Response(status_code=204)

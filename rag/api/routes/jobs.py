@@ -4,21 +4,23 @@ import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Path, Query, Request
 
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas import JobOut
 from rag.db import jobs
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTHENTICATED)
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=errors(404))
 async def get_job(
-    job_id: str,
+    job_id: Annotated[str, Path(max_length=64)],
+    request: Request,
     services: ServicesDep,
     principal: CurrentPrincipal,
+    pools: PoolsDep,
     wait: Annotated[
         float,
         Query(
@@ -32,15 +34,28 @@ async def get_job(
     ] = 0,
 ) -> JobOut:
     """A job's state. With `wait`, answers as soon as the job is done or the wait is over,
-    so a client learns without polling when its upload is searchable."""
+    so a client learns without polling when its upload is searchable. Long polls are
+    bounded (`api.max_long_polls`, then 429), look at the job less and less often, and stop
+    when the client goes away."""
 
     def load() -> JobOut:
         with services.db.read() as session:
             return JobOut.of(jobs.get(session, principal.tenant_id, job_id))
 
-    deadline = time.monotonic() + min(wait, services.settings.api.long_poll_max_s)
-    job = await run_in_threadpool(load)
-    while not job.done and time.monotonic() < deadline:
-        await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        job = await run_in_threadpool(load)
+    job = await pools.db.run(load)
+    if job.done or wait <= 0:
+        return job
+    api = services.settings.api
+    deadline = time.monotonic() + min(wait, api.long_poll_max_s)
+    with pools.long_poll():
+        pause = api.long_poll_first_s
+        while not job.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(pause, left))
+            if await request.is_disconnected():
+                break  # nobody to answer: stop asking the database for them
+            pause = min(pause * 1.5, api.long_poll_every_s)
+            job = await pools.db.run(load)
     return job

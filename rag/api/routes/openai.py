@@ -16,7 +16,6 @@ official client reads as OpenAI errors.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -31,7 +30,8 @@ from starlette.background import BackgroundTask
 
 from rag.answer import AskRequest, Final, Prepared, cancel, chat, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, passages_out
 from rag.config import Settings
 from rag.db import collections
@@ -42,7 +42,7 @@ from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
 from rag.services import Services
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], responses=AUTHENTICATED)
 
 _REASONS = {"stop": "stop", "length": "length", "deadline": "length"}
 
@@ -71,12 +71,16 @@ def _find_collection(services: Services, tenant_id: str, model: str) -> Collecti
         return collections.find(session, model, tenant_id=tenant_id)
 
 
+def _live_collections(services: Services, tenant_id: str) -> list[Collection]:
+    with services.db.read() as session:
+        return collections.list_live(session, tenant_id)
+
+
 @router.get("/v1/models", response_model=ModelList)
-def models(services: ServicesDep, principal: CurrentPrincipal) -> ModelList:
+async def models(services: ServicesDep, principal: CurrentPrincipal, pools: PoolsDep) -> ModelList:
     """The caller's collections (answers grounded in them) and the generator (plain chat)."""
     generator = generator_model(services.settings)
-    with services.db.read() as session:
-        rows = collections.list_live(session, principal.tenant_id)
+    rows = await pools.db.run(_live_collections, services, principal.tenant_id)
     listed = model_ids(rows, generator)
     data = [
         ModelOut(
@@ -93,9 +97,19 @@ def models(services: ServicesDep, principal: CurrentPrincipal) -> ModelList:
     return ModelList(data=data)
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={
+        200: {
+            "description": "a chat.completion, or with `stream` chat.completion.chunk events",
+            "content": {"text/event-stream": {}},
+        },
+        **WITH_BODY,
+        **errors(404, 502),
+    },
+)
 async def chat_completions(
-    body: ChatCompletionIn, services: ServicesDep, principal: CurrentPrincipal
+    body: ChatCompletionIn, services: ServicesDep, principal: CurrentPrincipal, pools: PoolsDep
 ) -> Any:
     """OpenAI chat completions; `model` is a collection (grounded) or the generator (plain)."""
     params = SamplingParams(
@@ -106,9 +120,7 @@ async def chat_completions(
         seed=body.seed,
         stop=body.stops(),
     )
-    collection = await asyncio.to_thread(
-        _find_collection, services, principal.tenant_id, body.model
-    )
+    collection = await pools.db.run(_find_collection, services, principal.tenant_id, body.model)
     if collection is not None:
         question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
         if not question.strip():

@@ -1,8 +1,9 @@
 """Operations endpoints: /healthz (alive), /readyz (can serve), /metrics (Prometheus).
 
 /healthz and /readyz need no API key (probes carry none); neither says anything about any
-tenant's data. /metrics needs an admin key (Authorization: Bearer <admin key>, which
-Prometheus sends with `authorization: {credentials: ...}`), because collection ids and
+tenant's data: /readyz counts indexes, it never names a collection. /metrics needs an admin
+key (Authorization: Bearer <admin key>, which Prometheus sends with `authorization:
+{credentials: ...}`), because collection ids and
 volumes are operational data; `metrics.public=true` opens it for a scraper on a private
 network. With `metrics.enabled=false` it answers 404.
 """
@@ -14,10 +15,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from rag import __version__
-from rag.api.deps import ServicesDep
+from rag.api.deps import PoolsDep, ServicesDep
+from rag.api.openapi import errors
 from rag.api.schemas import Health
 from rag.auth import authenticate, require_admin
 from rag.db import changelog
@@ -30,20 +31,23 @@ log = logging.getLogger(__name__)
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """Process alive. Needs no API key."""
     return Health(status="ok", version=__version__)
 
 
 @router.get(
     "/readyz",
-    responses={503: {"description": "not ready: the body names the failed checks"}},
+    responses={503: {"description": "not ready: the body says which checks failed"}},
 )
 def readyz(services: ServicesDep) -> JSONResponse:
     """Ready to serve: the database answers, the embedding model is loaded, and every open
-    vector index is caught up with the change log (not rebuilding, last catch-up finished).
-    The generator is built on the first ask, so `generator.loaded` is reported, not required.
-    200 with the checks, or 503 with the same body naming what failed. Needs no API key."""
+    vector index is caught up with the change log (its last catch-up finished, at most a
+    batch behind). An index being rebuilt is counted, not a failure: its old generation
+    serves until the new one is swapped in, so one tenant's rebuild never takes the replica
+    out. The generator is built on the first ask, so `generator.loaded` is reported, not
+    required. 200 with the checks, or 503 with the same body saying what failed (counts,
+    never collection ids). Needs no API key."""
     checks = readiness(services)
     ready = all(c["ok"] for c in checks.values())
     body = {"status": "ready" if ready else "not ready", "checks": checks}
@@ -73,45 +77,55 @@ def readiness(services: Services) -> dict[str, dict[str, Any]]:
 def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
     # Only indexes already open: a probe must not open (and build) every collection's index.
     lives = services.indexes.open_collections()
-    behind: dict[str, str] = {}
+    rebuilding = stale = behind = 0
     for cid in lives:
         state = services.indexes.state(cid)
         if state.building:
-            behind[cid] = "rebuilding"
+            rebuilding += 1  # the index it replaces serves meanwhile
         elif state.stale:
-            behind[cid] = "last catch-up did not finish"
+            stale += 1
         elif database_ok:
             with services.db.read() as session:
                 lag = changelog.count_after(session, cid, state.watermark)
             # A few changes committed since the last catch-up are normal (the background loop
             # applies up to one batch per tick); more than a batch behind is not caught up.
             if lag and lag > services.indexes.catch_up_batch:
-                behind[cid] = f"{lag} changes behind"
-    out: dict[str, Any] = {"ok": not behind, "open": len(lives)}
-    if behind:
-        out["error"] = "indexes not caught up"
-        out["behind"] = behind
+                behind += 1
+    out: dict[str, Any] = {"ok": not (stale or behind), "open": len(lives)}
+    for name, count in (("rebuilding", rebuilding), ("stale", stale), ("behind", behind)):
+        if count:
+            out[name] = count
+    if stale or behind:
+        out["error"] = f"{stale + behind} of {len(lives)} open indexes not caught up"
     return out
 
 
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+        **errors(401, 403, 404, 422, 429),
+    },
 )
 async def metrics(
     request: Request,
     services: ServicesDep,
-    authorization: Annotated[str | None, Header(description="Bearer <admin key>")] = None,
+    pools: PoolsDep,
+    authorization: Annotated[
+        str | None, Header(max_length=1024, description="Bearer <admin key>")
+    ] = None,
 ) -> Response:
     """Prometheus metrics. Needs an admin key unless `metrics.public` is set."""
     instruments = getattr(request.app.state, "metrics", None)
     if instruments is None:
         raise NotFound("metrics are turned off (metrics.enabled=false)")
     if not services.settings.metrics.public:
-        principal = await run_in_threadpool(
-            authenticate, services.db, authorization, services.key_cache
-        )
+        principal = services.key_cache.get(authorization)
+        if principal is None:
+            principal = await pools.auth.run(
+                authenticate, services.db, authorization, services.key_cache
+            )
         require_admin(principal)
-    body = await run_in_threadpool(instruments.render)
+    body = await pools.db.run(instruments.render)
     return Response(body, media_type=CONTENT_TYPE)

@@ -1,22 +1,37 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
 
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from fastapi import APIRouter, Path, Response
+
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.openapi import WITH_BODY, errors
 from rag.api.schemas import IndexInfo, PassageOut, SearchIn, SearchOut
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
 from rag.retrieve import Filter
+from rag.services import Services
 
-router = APIRouter(tags=["search"])
+router = APIRouter(tags=["search"], responses=WITH_BODY)
 
 
-@router.post("/v1/collections/{collection_id}/search", response_model=SearchOut)
-def search(
-    collection_id: str, body: SearchIn, services: ServicesDep, principal: CurrentPrincipal
+@router.post(
+    "/v1/collections/{collection_id}/search", response_model=SearchOut, responses=errors(404)
+)
+async def search(
+    collection_id: Annotated[str, Path(max_length=64)],
+    body: SearchIn,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    pools: PoolsDep,
 ) -> Response:
     """The top-k passages for a query, with the knobs actually used, per-stage timings, and
-    whether anything was degraded to stay within the latency budget."""
+    whether anything was degraded to stay within the latency budget. Runs on the search
+    threads: 429 with Retry-After when they are all busy and enough searches wait."""
+    return await pools.search.run(_search, services, principal.tenant_id, collection_id, body)
+
+
+def _search(services: Services, tenant_id: str, collection_id: str, body: SearchIn) -> Response:
     knobs = Knobs(
         k=body.k,
         ef_search=body.ef_search,
@@ -29,7 +44,7 @@ def search(
     if body.filter is not None:
         ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
         filt = Filter(document_ids=ids, metadata=body.filter.metadata)
-    result = services.retriever.search(principal.tenant_id, collection_id, body.query, knobs, filt)
+    result = services.retriever.search(tenant_id, collection_id, body.query, knobs, filt)
     observe_stages("search", result.timings_ms)
     state = result.index
     out = SearchOut(

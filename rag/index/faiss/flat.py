@@ -24,6 +24,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 
@@ -31,6 +32,7 @@ class FaissFlatIndex(FaissBase):
     """Exact search; `remove_ids` compacts the storage."""
 
     kind = "faiss_flat"
+    param_schema = {"use_gpu": Param(bool, doc="a GPU replica for searches, when there is one")}
 
     def __init__(self, dim: int, *, use_gpu: bool = True) -> None:
         super().__init__(dim)

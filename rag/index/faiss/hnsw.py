@@ -30,6 +30,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 
@@ -39,6 +40,12 @@ class FaissHNSWIndex(FaissBase):
 
     kind = "faiss_hnsw"
     brute_force_max = BRUTE_FORCE_MAX
+    # faiss sizes its level-0 links as 2m per vector (m in the millions: gigabytes at once).
+    param_schema = {
+        "m": Param(int, 2, 128, doc="links per node"),
+        "ef_construction": Param(int, 1, 4096, doc="candidate list while building"),
+        "ef_search": Param(int, 1, 10_000, nullable=True, doc="default search candidates"),
+    }
 
     def __init__(
         self,

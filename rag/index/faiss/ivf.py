@@ -33,6 +33,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,14 @@ class FaissIVFIndex(FaissBase):
 
     kind = "faiss_ivf"
     brute_force_max = BRUTE_FORCE_MAX
+    # nlist centroids of dim floats each are trained (and held) at once: 65,536 x 384-d is
+    # ~100 MB, faiss's own practical ceiling.
+    param_schema = {
+        "nlist": Param(int, 1, 65_536, nullable=True, doc="inverted lists (None: ~4 sqrt(n))"),
+        "nprobe": Param(int, 1, 65_536, nullable=True, doc="default lists scanned"),
+        "min_train": Param(int, 1, 10_000_000, doc="vectors before k-means is trained"),
+        "use_gpu": Param(bool, doc="a GPU replica for searches, when there is one"),
+    }
 
     def __init__(
         self,

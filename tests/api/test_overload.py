@@ -1,0 +1,199 @@
+"""Blocking work runs on the service's own bounded thread pools, refused early with 429 when
+one is full (and one kind of work never takes another's threads); long polls are bounded,
+look at the database less and less often, and stop when the client has gone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from rag.api.pools import Pools
+from rag.config import ApiSettings
+from rag.embed import Embedder
+from tests.conftest import Api
+
+
+def _pools(api: Api, **settings: Any) -> Pools:
+    pools = Pools(ApiSettings(**settings))
+    api.client.app.state.pools = pools  # type: ignore[attr-defined]
+    return pools
+
+
+def test_a_full_search_pool_answers_429_at_once_and_listings_still_run(
+    sqlite_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = sqlite_api
+    cid = api.collection(api.a)
+    _pools(api, search_threads=1, thread_queue=1)
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+    real = api.services.retriever.search
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.release()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api.services.retriever, "search", slow)
+
+    def search() -> Any:
+        return api.client.post(f"/v1/collections/{cid}/search", json={"query": "q"}, headers=api.a)
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(search)
+        assert entered.acquire(timeout=10)  # one on the search thread
+        waiting = pool.submit(search)  # one waiting for it (the queue holds one)
+        for _ in range(100):
+            if api.client.app.state.pools.search.admitted == 2:  # type: ignore[attr-defined]
+                break
+            threading.Event().wait(0.02)
+        refused = search()
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        # Other work has threads of its own.
+        assert api.client.get("/v1/collections", headers=api.a).status_code == 200
+        release.set()
+        assert running.result(30).status_code == 200
+        assert waiting.result(30).status_code == 200
+    assert search().status_code == 200
+
+
+def test_key_lookups_have_their_own_bounded_threads(sqlite_api: Api) -> None:
+    api = sqlite_api
+    pools = _pools(api, auth_threads=1, thread_queue=0)
+    api.services.key_cache.ttl_s = 0  # every request looks its key up
+    api.services.key_cache._entries.clear()
+    pools.auth.admitted = 1  # as if a lookup were running now
+    r = api.client.get("/v1/collections", headers=api.a)
+    assert r.status_code == 429 and "key lookup" in r.json()["error"]["message"]
+    pools.auth.admitted = 0
+    assert api.client.get("/v1/collections", headers=api.a).status_code == 200
+
+
+def test_long_polls_are_bounded(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
+) -> None:
+    api = make_api(sqlite_url, hash_embedder, in_process_worker=False)  # jobs stay queued
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
+    pools = _pools(api, max_long_polls=1)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(api.client.get, f"/v1/jobs/{job}", params={"wait": 2}, headers=api.a)
+        for _ in range(200):
+            if pools.long_polls == 1:
+                break
+            threading.Event().wait(0.01)
+        r = api.client.get(f"/v1/jobs/{job}", params={"wait": 2}, headers=api.a)
+        assert r.status_code == 429, r.text
+        assert "Retry-After" in r.headers
+        # Without `wait` it answers at once.
+        assert api.client.get(f"/v1/jobs/{job}", headers=api.a).json()["state"] == "queued"
+        assert held.result(30).status_code == 200
+    assert pools.long_polls == 0
+
+
+class _Clock:
+    """Stands in for the jobs route's `time` and `asyncio`: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from rag.db import jobs
+
+    loads: list[str] = []
+    real = jobs.get
+
+    def counting(session: Any, tenant_id: str, job_id: str) -> Any:
+        loads.append(job_id)
+        return real(session, tenant_id, job_id)
+
+    monkeypatch.setattr(jobs, "get", counting)
+    return loads
+
+
+def test_a_long_poll_looks_less_and_less_often(
+    make_api: Callable[..., Api],
+    sqlite_url: str,
+    hash_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag.api.routes import jobs as route
+
+    api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
+    clock = _Clock()
+    monkeypatch.setattr(route, "time", clock)
+    monkeypatch.setattr(route, "asyncio", clock)
+    loads = _count_loads(monkeypatch)
+    r = api.client.get(f"/v1/jobs/{job}", params={"wait": 60}, headers=api.a)
+    assert r.status_code == 200 and r.json()["state"] == "queued"
+    every = api.services.settings.api.long_poll_every_s
+    assert clock.pauses[0] == api.services.settings.api.long_poll_first_s
+    steady = clock.pauses[:-1]  # the last one is what was left of the wait
+    assert steady == sorted(steady) and max(steady) == every
+    # 60 s at most once a second (it was ten times a second: 600 loads).
+    assert len(loads) <= 60 / every + 10
+
+
+def test_a_long_poll_stops_when_its_client_has_gone(
+    make_api: Callable[..., Api],
+    sqlite_url: str,
+    hash_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag.api.routes import jobs as route
+
+    api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
+    clock = _Clock()
+    monkeypatch.setattr(route, "time", clock)
+    monkeypatch.setattr(route, "asyncio", clock)
+    loads = _count_loads(monkeypatch)
+    app = api.client.app
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/v1/jobs/{job}",
+        "raw_path": f"/v1/jobs/{job}".encode(),
+        "query_string": b"wait=600",
+        "root_path": "",
+        "headers": [(b"authorization", api.a["Authorization"].encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+        "state": {},
+        "app": app,
+    }
+    portal = api.client.portal  # type: ignore[attr-defined]
+    portal.call(app, scope, receive, send)
+    assert len(loads) == 1  # the first look, then it saw the client gone
+    assert len(clock.pauses) == 1
