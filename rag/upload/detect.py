@@ -192,12 +192,23 @@ def _is_docx(data: bytes) -> bool:
 
 
 def _zip_entry_count(data: bytes) -> int:
-    """Entries declared by the end-of-central-directory record; huge when unreadable."""
+    """Entries in the central directory, as zipfile would read them; huge when unreadable.
+
+    The end-of-central-directory record's entry count is only a claim: zipfile reads every
+    entry in the `size` bytes the record gives the directory, whatever the count says (a zip
+    declaring 1 entry may hold 20,000). So the directory's real entries are counted here, by
+    their header signatures in that range (at C speed; a signature inside a name only makes
+    the count larger), before zipfile builds an object for each."""
     at = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_557))
-    if at == -1 or at + 12 > len(data):
+    if at == -1 or at + 22 > len(data):
         return 0  # no record: zipfile will call the archive damaged
-    (count,) = struct.unpack_from("<H", data, at + 10)
-    return int(count) if count != 0xFFFF else 1 << 32  # 0xFFFF: ZIP64, never a real .docx
+    declared, size, offset = struct.unpack_from("<HII", data, at + 10)
+    if declared == 0xFFFF or 0xFFFFFFFF in (size, offset):
+        return 1 << 32  # ZIP64, never a real .docx
+    start = at - size  # where zipfile looks for the directory (data may precede the zip)
+    if start < 0:
+        return 0  # zipfile will call the archive damaged
+    return max(int(declared), data.count(b"PK\x01\x02", start, at))
 
 
 def _control_ratio(text: str) -> float:

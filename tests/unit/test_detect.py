@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import random
+import struct
 import zipfile
 
 import pytest
@@ -139,3 +140,30 @@ def test_safe_filename_limits_length_and_keeps_extension() -> None:
     assert len(name) <= 200
     assert name.endswith(".pdf")
     assert "/" not in safe_filename("x/" * 3000)
+
+
+def _lying_zip(entries: int) -> bytes:
+    """A .docx-looking zip whose end record declares 1 entry but holds `entries` + 3."""
+    names = ["[Content_Types].xml", "_rels/.rels", "word/document.xml"]
+    data = bytearray(_zip(names + [f"word/media/{i}.xml" for i in range(entries)]))
+    at = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, at + 8, 1, 1)  # entries on this disk, entries in all
+    return bytes(data)
+
+
+def test_a_zip_that_understates_its_entries_is_refused_before_zipfile_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag.upload import detect
+
+    data = _lying_zip(20_000)
+    assert len(zipfile.ZipFile(io.BytesIO(data)).namelist()) == 20_003  # zipfile reads all
+    opened: list[object] = []
+    monkeypatch.setattr(detect.zipfile, "ZipFile", lambda *a, **k: opened.append(a))
+    with pytest.raises(UnsupportedMediaType, match="too many entries"):
+        detect_media_type(data, "big.docx", DOCX)
+    assert opened == []
+
+
+def test_a_small_zip_with_a_wrong_count_is_still_read() -> None:
+    assert detect_media_type(_lying_zip(10), "memo.docx", DOCX) == DOCX
