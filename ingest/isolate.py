@@ -3,7 +3,9 @@
 A bad file (a zip bomb, an XML entity bomb, a PDF that decompresses forever) fails its job with
 a reason; it never takes the worker down. The child is a fresh interpreter, not a fork of the
 worker (which holds torch and its threads); the document goes in and the result comes out
-through temporary files as JSON, never pickle.
+through temporary files as JSON, never pickle. It gets a bare environment (`child_env`):
+a parser reading hostile bytes has no business with the database URL, the admin key or the
+remote engine's key.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +30,25 @@ from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF
 log = logging.getLogger(__name__)
 
 _EXIT_MEMORY = 3
+
+# What the child keeps of the worker's environment: finding programs and libraries, a home and
+# a temporary directory, the locale. Nothing named RAG_*, no credentials of any kind.
+_CHILD_ENV = (
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "LD_LIBRARY_PATH",
+    "SYSTEMROOT",
+)
 
 _CHILD_BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
@@ -53,6 +75,7 @@ def parse_isolated(
             stdout=stdout,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            env=child_env(os.environ),
         )
         try:
             returncode = proc.wait(timeout=limits.timeout_s)
@@ -64,6 +87,14 @@ def parse_isolated(
                 proc.kill()
                 proc.wait()
         return _read_result(returncode, stdout, media_type, limits)
+
+
+def child_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The parser child's environment: the basics of `parent`, and nothing else."""
+    env = {name: parent[name] for name in _CHILD_ENV if name in parent}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
 
 
 def _read_result(

@@ -45,3 +45,10 @@ def raise_bug(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
 
 def echo(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     return ParsedText(data.decode("utf-8"), media_type)
+
+
+def report_environment(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+    """The child's environment, as JSON text: what a parser could read."""
+    import json
+
+    return ParsedText(json.dumps(dict(os.environ)), media_type)
