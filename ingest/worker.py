@@ -57,6 +57,20 @@ class _Heartbeat:
         return check
 
 
+def lower_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority by `nice` (Linux: a thread's nice value is its
+    own, and the threads and processes it starts inherit it, so the torch team that embeds
+    this thread's batches and the parser children run at it too). Searches and answers then
+    take the cores first when both want them; alone, ingest still has the whole machine."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:  # not permitted here: run at the normal priority
+        log.warning("could not lower the worker's priority: %s", exc)
+
+
 class Worker:
     def __init__(
         self, db: Database, pipeline: Pipeline, settings: IngestSettings, owner: str | None = None
@@ -115,6 +129,7 @@ class Worker:
         log.info("job %s: %s", job.id, state)
 
     def run(self, stop: threading.Event) -> None:
+        lower_priority(self.settings.worker_nice)
         log.info("worker %s started", self.owner)
         while not stop.is_set():
             try:

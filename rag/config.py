@@ -40,6 +40,11 @@ class EmbedSettings(_Section):
     # What embeds search queries on CPU: ONNX Runtime runs the same model 2-3x faster than
     # torch on one short query (same vectors); "torch" skips the ONNX export at start.
     query_backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    # Search queries before ingest on CPU: ingest embeds one batch (`batch_size` chunks) at a
+    # time and, before each, waits while queries are being embedded, at most `ingest_yield_ms`
+    # a batch (a steady stream of queries slows ingest down, never stops it).
+    query_priority: bool = True
+    ingest_yield_ms: float = Field(200.0, ge=0, le=60_000)
     hash_dim: int = Field(384, ge=8, le=4096)
 
 
@@ -62,6 +67,9 @@ class IngestSettings(_Section):
     backoff_base_s: float = Field(2.0, ge=0)
     backoff_max_s: float = Field(300.0, ge=0)
     poll_interval_s: float = Field(0.5, gt=0)
+    # The nice value of worker threads (and of the parser children they start): ingest takes
+    # the CPU that searches and answers leave. 0 keeps the process's priority.
+    worker_nice: int = Field(10, ge=0, le=19)
 
     @property
     def max_upload_bytes(self) -> int:

@@ -37,4 +37,6 @@ def build_embedder(settings: EmbedSettings) -> Embedder:
         batch_size=settings.batch_size,
         query_threads=settings.query_threads,
         query_backend=settings.query_backend,
+        query_priority=settings.query_priority,
+        ingest_yield_ms=settings.ingest_yield_ms,
     )

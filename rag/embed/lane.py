@@ -1,10 +1,12 @@
-"""The query lane: one long-lived thread that embeds search queries, several at a time."""
+"""The query lane: one long-lived thread that embeds search queries, several at a time, and
+the rule that gives its work priority over ingest's (`in_turns`)."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -30,6 +32,9 @@ class QueryLane:
         self._encode = encode
         self._inbox: queue.SimpleQueue[tuple[list[str], Future[npt.NDArray[np.float32]]] | None]
         self._inbox = queue.SimpleQueue()
+        # Queries submitted and not answered yet: ingest waits while there are any.
+        self._pending = 0
+        self._idle = threading.Condition()
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(threads, ready), name="embed-queries", daemon=True
@@ -48,8 +53,32 @@ class QueryLane:
 
     def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
         done: Future[npt.NDArray[np.float32]] = Future()
+        with self._idle:
+            self._pending += 1
         self._inbox.put((texts, done))
         return done
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no query is waiting or being embedded, for at most `timeout_s`; False
+        when queries were still there."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _answered(self, n: int) -> None:
+        with self._idle:
+            self._pending -= n
+            if not self._pending:
+                self._idle.notify_all()
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop after what is queued, and wait for the thread: one still inside ONNX Runtime
@@ -85,9 +114,37 @@ class QueryLane:
             try:
                 vectors = self._encode(texts)
             except BaseException as exc:  # handed to every waiting caller
+                self._answered(len(batch))
                 for _, fut in batch:
                     fut.set_exception(exc)
                 continue
+            self._answered(len(batch))
             parts = split_rows(vectors, [len(item_texts) for item_texts, _ in batch])
             for (_, fut), part in zip(batch, parts, strict=True):
                 fut.set_result(part)
+
+
+def in_turns(
+    texts: Sequence[str],
+    encode: Callable[[list[str]], npt.NDArray[np.float32]],
+    batch: int,
+    lane: QueryLane,
+    max_wait_s: float,
+) -> npt.NDArray[np.float32]:
+    """Embed a long list (an ingest batch) one model batch at a time, giving way to queries:
+    before each batch, wait while the lane has queries to embed (at most `max_wait_s` a
+    batch, so that a steady stream of queries slows ingest but cannot stop it). On a small
+    machine the two would otherwise share the cores, and a query embedded beside an ingest
+    batch takes several times as long.
+
+    Texts go in batches of similar length, longest first, as sentence-transformers orders
+    them itself, so the batches pad no more than one call over the whole list would."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    parts: list[npt.NDArray[np.float32]] = []
+    for start in range(0, len(order), batch):
+        lane.wait_idle(max_wait_s)
+        parts.append(encode([texts[i] for i in order[start : start + batch]]))
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+    out = np.empty_like(vectors)
+    out[np.array(order, dtype=np.int64)] = vectors
+    return out

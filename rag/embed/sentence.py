@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rag.embed.base import Span
-from rag.embed.lane import QueryLane
+from rag.embed.lane import QueryLane, in_turns
 from rag.embed.onnx import OnnxQueryEncoder
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class SentenceTransformerEmbedder:
         batch_size: int = 64,
         query_threads: int = 2,
         query_backend: str = "onnxruntime",
+        query_priority: bool = True,
+        ingest_yield_ms: float = 200.0,
     ) -> None:
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
@@ -71,6 +73,8 @@ class SentenceTransformerEmbedder:
         self._onnx: OnnxQueryEncoder | None = None
         self._want_onnx = query_backend == "onnxruntime"
         self._query_threads = query_threads
+        self.query_priority = query_priority
+        self.ingest_yield_s = ingest_yield_ms / 1000.0
         self._lane = None
         if self.device == "cpu":
             self._lane = QueryLane(self._encode_query, threads=1)
@@ -85,6 +89,10 @@ class SentenceTransformerEmbedder:
         if self._lane is not None and len(texts) <= self.QUERY_MAX:
             return self._lane.embed(list(texts))
         with self._lock:  # ingest batches: one at a time, on the caller's thread
+            if self._lane is not None and self.query_priority:
+                return in_turns(
+                    list(texts), self._encode, self.batch_size, self._lane, self.ingest_yield_s
+                )
             return self._encode(list(texts))
 
     def _encode_query(self, texts: list[str]) -> npt.NDArray[np.float32]:

@@ -355,3 +355,27 @@ def test_a_flood_delays_another_tenant_by_one_batch_at_most(db: Database) -> Non
             select(func.count()).select_from(IngestJob).where(IngestJob.state == "done")
         )
     assert done == 8
+
+
+def test_worker_threads_run_at_a_lower_priority(db: Database) -> None:
+    """Ingest takes the CPU that searches and answers leave: the worker's thread (and what it
+    starts: the torch team that embeds its batches, the parser children) runs niced."""
+    import os
+
+    seen: list[int] = []
+    settings = IngestSettings(poll_interval_s=0.01, worker_nice=7)
+    worker = Worker(db, Pipeline(db, HashEmbedder(), settings), settings)
+    stop = threading.Event()
+    real = worker.run_once
+
+    def probe() -> bool:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        stop.set()
+        return real()
+
+    worker.run_once = probe  # type: ignore[method-assign]
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = worker.start_thread(stop)
+    thread.join(10)
+    assert seen == [min(19, before + 7)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # not ours

@@ -162,3 +162,66 @@ def test_a_fused_graph_that_disagrees_is_not_used(
     assert encoder is not None and not encoder.fused
     texts = ["what is a closure in perl"]
     np.testing.assert_allclose(encoder(texts), minilm._encode(texts), atol=1e-5)
+
+
+def test_ingest_gives_way_while_the_lane_has_queries() -> None:
+    """On a small machine an ingest batch and a query share the cores: ingest embeds one model
+    batch at a time and, before each, waits while queries are in the lane."""
+    from rag.embed.lane import in_turns
+
+    events: list[str] = []
+    query_started, release = threading.Event(), threading.Event()
+
+    def encode_query(texts: list[str]) -> np.ndarray:
+        events.append("query")
+        query_started.set()
+        release.wait(10)
+        return np.zeros((len(texts), 2), np.float32)
+
+    def encode_batch(texts: list[str]) -> np.ndarray:
+        events.append(f"ingest {len(texts)}")
+        return np.array([[len(t), 0] for t in texts], np.float32)
+
+    lane = QueryLane(encode_query, threads=1)
+    try:
+        pending = lane.submit(["a question"])
+        assert query_started.wait(10) and lane.busy
+        texts = ["x" * n for n in (3, 9, 1, 7, 5)]
+        out: list[np.ndarray] = []
+        ingest = threading.Thread(
+            target=lambda: out.append(in_turns(texts, encode_batch, 2, lane, 30))
+        )
+        ingest.start()
+        ingest.join(0.3)
+        assert events == ["query"]  # the first ingest batch waits for the query
+        release.set()
+        pending.result(10)
+        ingest.join(10)
+        assert events == ["query", "ingest 2", "ingest 2", "ingest 1"]
+        # Batched longest first, handed back in the caller's order.
+        assert out[0][:, 0].tolist() == [3, 9, 1, 7, 5]
+        assert not lane.busy and lane.wait_idle(0)
+    finally:
+        release.set()
+        lane.close()
+
+
+def test_a_steady_stream_of_queries_slows_ingest_but_cannot_stop_it() -> None:
+    from rag.embed.lane import in_turns
+
+    release = threading.Event()
+    lane = QueryLane(lambda texts: (release.wait(10), np.zeros((len(texts), 1), np.float32))[1], 1)
+    try:
+        stuck = lane.submit(["a query that never ends"])
+        batches: list[int] = []
+
+        def encode_batch(texts: list[str]) -> np.ndarray:
+            batches.append(len(texts))
+            return np.ones((len(texts), 1), np.float32)
+
+        vectors = in_turns(["a", "b", "c"], encode_batch, 2, lane, max_wait_s=0.01)
+        assert batches == [2, 1] and vectors.shape == (3, 1) and lane.busy
+    finally:
+        release.set()
+        stuck.result(10)
+        lane.close()
