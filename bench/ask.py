@@ -181,7 +181,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
-            data_dir=Path(tmp), auth={"admin_key": "bench-admin"},
+            data_dir=Path(tmp), auth={"admin_key": "bench-admin-key-0123456789"},
             ask={"relevance_threshold": -1.0},
             engine=EngineSettings(max_num_seqs=args.clients, max_num_batched_tokens=512),
         )  # fmt: skip

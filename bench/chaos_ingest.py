@@ -48,7 +48,7 @@ def main() -> None:
         settings = Settings(
             data_dir=Path(tmp),
             database={"url": args.db},
-            auth={"admin_key": "bench"},
+            auth={"admin_key": "bench-admin-key-0123456789"},
             embed={"backend": "sentence-transformers" if args.real_model else "hash"},
             ingest={"in_process_worker": False},
         )
@@ -60,9 +60,9 @@ def main() -> None:
             "RAG_INGEST__LEASE_S": "1.0",
             "RAG_INGEST__POLL_INTERVAL_S": "0.05",
             "RAG_INGEST__BACKOFF_BASE_S": "0.05",
-            "RAG_AUTH__ADMIN_KEY": "bench",
+            "RAG_AUTH__ADMIN_KEY": "bench-admin-key-0123456789",
         }
-        headers = {"Authorization": "Bearer bench"}
+        headers = {"Authorization": "Bearer bench-admin-key-0123456789"}
         acknowledged: set[str] = set()
         stop = threading.Event()
         with TestClient(create_app(settings, services)) as client:

@@ -47,10 +47,12 @@ def run_pipeline(
     docs: list[str], embedder: SentenceTransformerEmbedder, workdir: Path
 ) -> tuple[float, list[str]]:
     settings = Settings(
-        data_dir=workdir, auth={"admin_key": "bench"}, ingest={"poll_interval_s": 0.05}
+        data_dir=workdir,
+        auth={"admin_key": "bench-admin-key-0123456789"},
+        ingest={"poll_interval_s": 0.05},
     )
     services = build_services(settings, embedder=embedder)
-    headers = {"Authorization": "Bearer bench"}
+    headers = {"Authorization": "Bearer bench-admin-key-0123456789"}
     with TestClient(create_app(settings, services)) as client:
         cid = client.post("/v1/collections", json={"name": "bench"}, headers=headers).json()["id"]
         t0 = time.perf_counter()

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir=Path(tmp) / ("on" if enabled else "off"),
                 database={"url": f"sqlite:///{Path(tmp) / 'rag.db'}"},
                 ingest={"in_process_worker": False},
-                auth={"admin_key": "bench-admin"},
+                auth={"admin_key": "bench-admin-key-0123456789"},
                 metrics={"enabled": enabled},
                 log_level="WARNING",
             )
@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                         samples[name].append((time.perf_counter() - t0) * 1000.0)
                         r.raise_for_status()
             # The instrumented side really was instrumented.
-            scrape = c_on.get("/metrics", headers={"Authorization": "Bearer bench-admin"})
+            scrape = c_on.get(
+                "/metrics", headers={"Authorization": "Bearer bench-admin-key-0123456789"}
+            )
             assert scrape.status_code == 200 and "rag_http_responses_total" in scrape.text
             assert c_off.get("/metrics").status_code == 404
         for _, services in sides.values():

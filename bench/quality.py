@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="rag-quality-") as tmp:
         settings = Settings(
-            data_dir=Path(tmp), ingest={"in_process_worker": False}, auth={"admin_key": "bench"}
+            data_dir=Path(tmp),
+            ingest={"in_process_worker": False},
+            auth={"admin_key": "bench-admin-key-0123456789"},
         )
         services = build_services(settings, embedder=embedder, announce_admin_key=False)
         try:

@@ -505,7 +505,7 @@ def http_and_chroma(
     with tempfile.TemporaryDirectory(prefix="ragserve-bench-") as tmp:
         settings = Settings(
             data_dir=Path(tmp) / "data",
-            auth=AuthSettings(admin_key=SecretStr("bench-admin")),
+            auth=AuthSettings(admin_key=SecretStr("bench-admin-key-0123456789")),
             log_level="WARNING",
         )
         embedder = SentenceTransformerEmbedder(device="cpu")
@@ -528,7 +528,7 @@ def http_and_chroma(
         services.indexes.get(cid)
         services.indexes.snapshot(cid)
         with (
-            Server(settings.data_dir, "bench-admin") as server,
+            Server(settings.data_dir, "bench-admin-key-0123456789") as server,
             httpx.Client(timeout=600) as client,
         ):
             url = f"{server.url}/v1/collections/{cid}/search"

@@ -5,17 +5,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rag.db import Database, IntegrityError
 from rag.db import keys as key_rows
 from rag.errors import Forbidden, Invalid, Unauthorized
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 log = logging.getLogger(__name__)
 
 ADMIN_TENANT = "admin"
+
+# Besides its hash, a key's row keeps a prefix to tell keys apart in listings: for a generated
+# key its first characters (random: they say nothing of the rest); for a key an operator
+# configured, only this word (its first characters are part of a secret someone chose).
+CONFIGURED = "configured"
+# The admin key generated at first start, told apart from admin keys made through the API.
+BOOTSTRAP = "rag_admin_"
+MIN_CONFIGURED_CHARS = 16
+ADMIN_KEY_FILE = "admin-key"
 
 
 @dataclass(frozen=True)
@@ -30,8 +45,13 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def new_key() -> str:
-    return "rag_" + secrets.token_urlsafe(32)
+def new_key(start: str = "rag_") -> str:
+    return start + secrets.token_urlsafe(32)
+
+
+def prefix_of(key: str) -> str:
+    """What is stored of a generated key beside its hash: its start and 4-6 random chars."""
+    return key[: len(BOOTSTRAP) + 4] if key.startswith(BOOTSTRAP) else key[:10]
 
 
 def validate_tenant_name(name: str) -> str:
@@ -56,7 +76,7 @@ def create_key_with_id(
     key = new_key()
     with db.write() as session:
         tenant = key_rows.tenant(session, tenant_name, create=True)
-        row = key_rows.add(session, tenant.id, hash_key(key), key[:10], is_admin=is_admin)
+        row = key_rows.add(session, tenant.id, hash_key(key), prefix_of(key), is_admin=is_admin)
         tenant_id, key_id = tenant.id, row.id
     log.info("api key created for tenant %s", tenant_id)
     return key, tenant_id, key_id
@@ -71,20 +91,71 @@ def ensure_admin_key(db: Database, configured: str | None) -> str | None:
 
 
 def _ensure_admin_key(db: Database, configured: str | None) -> str | None:
-    """Make sure an admin key exists. With a configured key, register its hash; without one
-    and with no admin key yet, generate one and return it so the caller can print it once."""
+    """Make sure an admin key exists. A configured key is registered (by its hash) and replaces
+    the service's earlier admin keys: the one configured before and the one generated at first
+    start are revoked (admin keys made through the API stay). Without one, and with no live
+    admin key yet, one is generated and returned so the caller can hand it over once."""
     with db.write() as session:
         tenant = key_rows.tenant(session, ADMIN_TENANT, create=True)
         if configured:
+            if len(configured) < MIN_CONFIGURED_CHARS:
+                raise Invalid(f"the admin key must be at least {MIN_CONFIGURED_CHARS} characters")
             digest = hash_key(configured)
-            if key_rows.by_hash(session, digest) is None:
-                key_rows.add(session, tenant.id, digest, configured[:10], is_admin=True)
+            row = key_rows.by_hash(session, digest)
+            if row is None:
+                row = key_rows.add(session, tenant.id, digest, CONFIGURED, is_admin=True)
+            elif row.tenant_id == tenant.id and row.is_admin:
+                row.prefix = CONFIGURED  # rows from before kept its first characters
+                if row.revoked_at is not None:
+                    log.warning("the configured admin key had been revoked; it is live again")
+                    row.revoked_at = None
+            revoked = _revoke_bootstrap_keys(session, tenant.id, keep=row.id)
+            if revoked:
+                log.info("configured admin key in place; %d earlier admin keys revoked", revoked)
             return None
         if key_rows.live_admin_exists(session):
             return None
-        key = new_key()
-        key_rows.add(session, tenant.id, hash_key(key), key[:10], is_admin=True)
+        key = new_key(BOOTSTRAP)
+        key_rows.add(session, tenant.id, hash_key(key), prefix_of(key), is_admin=True)
         return key
+
+
+def _revoke_bootstrap_keys(session: Session, tenant_id: str, *, keep: str) -> int:
+    """Revoke the admin tenant's keys the service set up itself (configured or generated at
+    first start), but `keep`. Rows from before these were marked: a prefix that is not a
+    generated key's start was a configured key's, and the tenant's first key was made at
+    first start."""
+    rows = key_rows.of_tenant(session, tenant_id)  # oldest first, revoked ones included
+    first = rows[0].id if rows else None
+    count = 0
+    for row in rows:
+        own = row.prefix == CONFIGURED or row.prefix.startswith(BOOTSTRAP)
+        legacy_configured = not row.prefix.startswith("rag_")
+        if row.id == keep or not row.is_admin:
+            continue
+        if own or legacy_configured or row.id == first:
+            if legacy_configured:
+                row.prefix = CONFIGURED
+            if row.revoked_at is None:
+                row.revoked_at = time.time()
+                count += 1
+    return count
+
+
+def save_admin_key(data_dir: Path, key: str) -> Path:
+    """Write a generated admin key to `<data_dir>/admin-key`, readable by its owner only (never
+    to a log), and return the path."""
+    path = data_dir / ADMIN_KEY_FILE
+    tmp = path.with_name(f".{ADMIN_KEY_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (key + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
 
 
 def bearer_key(authorization: str | None) -> str | None:

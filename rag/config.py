@@ -162,11 +162,24 @@ class AskSettings(_Section):
 
 
 class AuthSettings(_Section):
-    # When unset, an admin key is generated on first start and printed once.
+    # When unset, an admin key is generated on first start and written to
+    # <data_dir>/admin-key (readable by its owner only). Setting a new one revokes the one set
+    # before and the generated one. At least 16 characters.
     admin_key: SecretStr | None = None
     # How long a key that resolved is trusted without asking the database again (a key
     # revoked on another replica keeps working here for at most this long); 0: always ask.
     key_cache_s: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _long_enough(self) -> AuthSettings:
+        # The key is a secret: the message says how long it is, never what it is.
+        if self.admin_key is not None and len(self.admin_key.get_secret_value()) < 16:
+            raise ValueError(
+                f"auth.admin_key (RAG_AUTH__ADMIN_KEY) has "
+                f"{len(self.admin_key.get_secret_value())} characters; it needs at least 16 "
+                "(choose a long random secret, e.g. `openssl rand -base64 32`)"
+            )
+        return self
 
 
 class ApiSettings(_Section):
@@ -204,8 +217,13 @@ class MetricsSettings(_Section):
 
 
 class Settings(BaseSettings):
+    # Errors name the option and what is wrong, never its value (secrets among them).
     model_config = SettingsConfigDict(
-        env_prefix="RAG_", env_nested_delimiter="__", extra="forbid", env_file=None
+        env_prefix="RAG_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        env_file=None,
+        hide_input_in_errors=True,
     )
 
     data_dir: Path = Path("./data")

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rag.auth import KeyCache, ensure_admin_key
+from rag.auth import KeyCache, ensure_admin_key, save_admin_key
 from rag.config import Settings
 from rag.db import Database
 from rag.db.migrate import upgrade
@@ -102,9 +102,15 @@ def build_services(
     upgrade(db)
     configured = settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else None
     generated = ensure_admin_key(db, configured)
-    if generated and announce_admin_key:
-        # Printed once, to the terminal only (never to the log).
-        print(f"\nGenerated admin API key (shown once, store it now): {generated}\n", flush=True)
+    if generated:
+        # To a file only its owner can read, never to stdout (a container's log) or a log.
+        where = save_admin_key(settings.data_dir, generated)
+        if announce_admin_key:
+            print(
+                f"\nGenerated an admin API key: it is in {where} (readable by this user only)."
+                "\nStore it somewhere safe, then delete the file; or set RAG_AUTH__ADMIN_KEY.\n",
+                flush=True,
+            )
     own_embedder = embedder is None
     embedder = embedder or build_embedder(settings.embed)
     indexes = IndexManager(

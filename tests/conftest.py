@@ -115,12 +115,12 @@ def make_settings(
         data_dir=tmp_path / "data",
         database={"url": db_url},
         ingest=values,
-        auth={"admin_key": "test-admin-key"},
+        auth={"admin_key": "test-admin-key-0123456789"},
         **(sections or {}),  # type: ignore[arg-type]
     )
 
 
-ADMIN = {"Authorization": "Bearer test-admin-key"}
+ADMIN = {"Authorization": "Bearer test-admin-key-0123456789"}
 
 
 class Api:

@@ -36,6 +36,12 @@ def by_hash(session: Session, key_hash: str) -> ApiKey | None:
     return session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash))
 
 
+def of_tenant(session: Session, tenant_id: str) -> list[ApiKey]:
+    """The tenant's keys, revoked ones included, oldest first."""
+    stmt = select(ApiKey).where(ApiKey.tenant_id == tenant_id)
+    return list(session.scalars(stmt.order_by(ApiKey.created_at, ApiKey.id)))
+
+
 def live_admin_exists(session: Session) -> bool:
     stmt = select(ApiKey.id).where(ApiKey.is_admin.is_(True), ApiKey.revoked_at.is_(None))
     return session.scalar(stmt.limit(1)) is not None

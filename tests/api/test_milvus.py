@@ -59,7 +59,7 @@ def replica(
                 "lease_s": 5.0,
                 "in_process_worker": worker,
             },
-            auth={"admin_key": "test-admin-key"},
+            auth={"admin_key": "test-admin-key-0123456789"},
             milvus={"uri": milvus_uri, "collection_prefix": prefix},
         )
         services = build_services(settings, embedder=hash_embedder)

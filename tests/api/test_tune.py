@@ -76,7 +76,7 @@ def _cli_env(api: Api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("RAG_DATA_DIR", str(settings.data_dir))
     monkeypatch.setenv("RAG_DATABASE__URL", settings.database_url)
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
-    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
+    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key-0123456789")
 
 
 def test_rag_index_rebuild_cli(sqlite_api: Api, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -117,7 +117,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
         ingest={"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0},
         # The hash embedder's scores are low: let every passage through to the generator.
         ask={"relevance_threshold": -1.0},
-        auth={"admin_key": "test-admin-key"},
+        auth={"admin_key": "test-admin-key-0123456789"},
     )
     engine = FakeEngine(ANSWER)
     services = build_services(settings, embedder=HashEmbedder(384), engine=engine)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ CHAOS_SETTINGS = {
     "RAG_INGEST__LEASE_S": "1.0",
     "RAG_INGEST__POLL_INTERVAL_S": "0.05",
     "RAG_INGEST__BACKOFF_BASE_S": "0.05",
-    "RAG_AUTH__ADMIN_KEY": "test-admin-key",
+    "RAG_AUTH__ADMIN_KEY": "test-admin-key-0123456789",
 }
 
 

@@ -20,7 +20,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, home: Path, cwd: Path) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
-    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
+    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key-0123456789")
     cwd.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(cwd)
 

@@ -152,7 +152,7 @@ def test_rag_eval_command_prints_json(
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("RAG_DATABASE__URL", sqlite_url)
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
-    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key")
+    monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key-0123456789")
     args = build_parser().parse_args(
         ["eval", cid, "--queries", str(queries), "--qrels", str(qrels), "--k", "10", "--json"]
     )

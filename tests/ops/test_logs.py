@@ -59,7 +59,7 @@ def test_no_document_text_query_or_key_in_logs(
     keys = [
         api.a["Authorization"].split()[1],
         api.b["Authorization"].split()[1],
-        "test-admin-key",
+        "test-admin-key-0123456789",
         "rag_wrongkey",
     ]
     for line in lines:
@@ -79,7 +79,7 @@ def test_request_id_reaches_log_lines(sqlite_api: Api, caplog: pytest.LogCapture
     r = api.client.post(
         "/v1/keys",
         json={"tenant": "tenant-c"},
-        headers={"Authorization": "Bearer test-admin-key", "X-Request-ID": "rid-42"},
+        headers={"Authorization": "Bearer test-admin-key-0123456789", "X-Request-ID": "rid-42"},
     )
     assert r.status_code in (200, 201), r.text
     assert r.headers["x-request-id"] == "rid-42"
