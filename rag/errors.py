@@ -30,6 +30,13 @@ class Forbidden(RagError):
     code = "forbidden"
 
 
+class QuotaExceeded(Forbidden):
+    """A tenant's quota (collections, documents, bytes) would be passed: HTTP 403. Waiting
+    does not help; deleting something, or a larger quota, does."""
+
+    code = "quota_exceeded"
+
+
 class Conflict(RagError):
     code = "conflict"
 

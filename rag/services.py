@@ -13,6 +13,7 @@ from rag.db import Database
 from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
 from rag.index.manager import IndexManager
+from rag.quota import AskSlots
 from rag.purge import Purger
 from rag.retrieve import Retriever
 
@@ -34,6 +35,9 @@ class Services:
     # Erases what deletes left behind (rag.purge); `purger.subscribe` tells a cache of
     # derived data (the engine's KV caches) which chunks left the record.
     purger: Purger
+    # Answers in flight per tenant (RAG_QUOTA__MAX_CONCURRENT_ASKS): the routes that answer
+    # take a slot first.
+    asks: AskSlots = field(default_factory=lambda: AskSlots(None))
     workers: list[Worker] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -132,6 +136,7 @@ def build_services(
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
         purger=Purger(db, settings.purge),
+        asks=AskSlots(settings.quota.max_concurrent_asks),
         _engine=engine,
         _own_embedder=own_embedder,
     )

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rag import quota as quotas
+from rag.config import QuotaSettings
 from rag.db import Database, collections, documents
 from rag.db.documents import Accepted
 from rag.upload.detect import detect_media_type
@@ -23,15 +25,18 @@ class Incoming:
 
 def accept(
     db: Database, tenant_id: str, collection_id: str, incoming: Sequence[Incoming], *,
-    max_attempts: int,
+    max_attempts: int, quota: QuotaSettings | None = None,
 ) -> list[Accepted]:  # fmt: skip
     """Every item's type is checked before anything is written: a bad file refuses the whole
-    batch (UnsupportedMediaType, Invalid). Then one transaction: committed means durable."""
+    batch (UnsupportedMediaType, Invalid). Then one transaction: committed means durable. An
+    upload that would pass the tenant's quota (QuotaExceeded) or pending-jobs limit
+    (Overloaded) is refused whole, its rows rolled back."""
     typed = [
         (item, detect_media_type(item.data, item.filename, item.declared)) for item in incoming
     ]
     accepted = []
     with db.write() as session:
+        quotas.guard_writes(session, tenant_id, quota)
         collection = collections.get(session, tenant_id, collection_id)
         for item, media_type in typed:
             accepted.append(
@@ -46,4 +51,6 @@ def accept(
                     max_attempts=max_attempts,
                 )
             )
+        new_jobs = sum(1 for a in accepted if not a.duplicate)
+        quotas.check_upload(session, tenant_id, quota, new_jobs=new_jobs)
     return accepted

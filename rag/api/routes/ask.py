@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
@@ -28,6 +28,7 @@ from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut, passages_o
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
+from rag.quota import released_after
 from rag.retrieve import Filter
 from rag.services import Services
 
@@ -96,19 +97,29 @@ async def ask(
 ) -> Any:
     """Answer a question from the collection's documents, with citations. With `stream`, the
     answer comes as server-sent events: `passages`, then `token`s, then `final`."""
-    prep = await prepare_answer(services, principal.tenant_id, collection_id, ask_request(body))
-    if not body.stream:
-        final = await collect(services, prep)
-        observe_stages("ask", final.timings_ms)
-        return AskOut(passages=passages_out(prep.passages), **final_out(prep, final))
-    # Harmless when the generation already finished; frees it when the body never ran.
-    cleanup = BackgroundTask(cancel, services, prep)
-    return StreamingResponse(
-        _events(services, prep, request),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=cleanup,
-    )
+    slot = services.asks.take(principal.tenant_id)  # 429 past the tenant's answers in flight
+    streaming = False
+    try:
+        req = ask_request(body)
+        prep = await prepare_answer(services, principal.tenant_id, collection_id, req)
+        if not body.stream:
+            final = await collect(services, prep)
+            observe_stages("ask", final.timings_ms)
+            return AskOut(passages=passages_out(prep.passages), **final_out(prep, final))
+        # Harmless when the generation already finished; frees it when the body never ran.
+        cleanup = BackgroundTasks()
+        cleanup.add_task(cancel, services, prep)
+        cleanup.add_task(slot.release)
+        streaming = True
+        return StreamingResponse(
+            released_after(slot, _events(services, prep, request)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=cleanup,
+        )
+    finally:
+        if not streaming:
+            slot.release()
 
 
 async def _events(services: Services, prep: Prepared, request: Request) -> AsyncIterator[bytes]:

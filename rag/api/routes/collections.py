@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
+from rag import quota as quotas
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas import (
@@ -37,6 +38,7 @@ async def create_collection(
 
     def create() -> CollectionOut:
         with services.db.write() as session:
+            quotas.guard_writes(session, principal.tenant_id, services.settings.quota)
             c = collections.create(
                 session,
                 principal.tenant_id,
@@ -50,6 +52,7 @@ async def create_collection(
                 index_params=params,
                 search_defaults={},
             )
+            quotas.check_collections(session, principal.tenant_id, services.settings.quota)
             return CollectionOut.of(c)
 
     return await pools.db.run(create)

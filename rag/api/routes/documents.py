@@ -91,6 +91,7 @@ async def upload(
         lambda: accept(
             services.db, principal.tenant_id, collection_id, incoming,
             max_attempts=services.settings.ingest.max_attempts,
+            quota=services.settings.quota,
         )
     )  # fmt: skip
     services.wake_workers()

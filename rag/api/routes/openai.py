@@ -26,12 +26,13 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, chat, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
+from rag.api.pools import Pools
 from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, passages_out
 from rag.config import Settings
 from rag.db import collections
@@ -40,6 +41,7 @@ from rag.engine.sequence import SamplingParams
 from rag.errors import GenerationFailed, Invalid, NotFound
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
+from rag.quota import Slot, released_after
 from rag.services import Services
 
 router = APIRouter(tags=["openai"], responses=AUTHENTICATED)
@@ -120,16 +122,33 @@ async def chat_completions(
         seed=body.seed,
         stop=body.stops(),
     )
-    collection = await pools.db.run(_find_collection, services, principal.tenant_id, body.model)
+    slot = services.asks.take(principal.tenant_id)  # 429 past the tenant's answers in flight
+    try:
+        return await _complete(body, services, principal.tenant_id, pools, params, slot)
+    except BaseException:
+        slot.release()
+        raise
+
+
+async def _complete(
+    body: ChatCompletionIn,
+    services: Services,
+    tenant_id: str,
+    pools: Pools,
+    params: SamplingParams,
+    slot: Slot,
+) -> Any:
+    """The answer, holding the tenant's slot: released here, or by the stream when it ends."""
+    collection = await pools.db.run(_find_collection, services, tenant_id, body.model)
     if collection is not None:
         question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
         if not question.strip():
             raise Invalid("messages: no user message with text to answer")
         req = AskRequest(question, Knobs(k=body.k), None, params, body.budget_ms)
-        prep = await prepare_answer(services, principal.tenant_id, collection.id, req)
+        prep = await prepare_answer(services, tenant_id, collection.id, req)
     elif body.model == generator_model(services.settings):
         messages = [(m.role, m.text()) for m in body.messages]
-        prep = await chat.prepare(services, principal.tenant_id, messages, params, body.budget_ms)
+        prep = await chat.prepare(services, tenant_id, messages, params, body.budget_ms)
     else:
         raise NotFound(f"model {body.model!r} is neither a collection of yours nor the generator")
 
@@ -137,6 +156,7 @@ async def chat_completions(
     created = int(time.time())
     if not body.stream:
         final = await collect(services, prep)
+        slot.release()
         observe_stages("chat", final.timings_ms)
         if final.finish_reason == "error":  # OpenAI's finish reasons have no word for it
             raise GenerationFailed("the generator failed while answering; try again")
@@ -157,11 +177,14 @@ async def chat_completions(
             **_extras(prep, final),
         }
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    cleanup = BackgroundTasks()
+    cleanup.add_task(cancel, services, prep)
+    cleanup.add_task(slot.release)
     return StreamingResponse(
-        _chunks(services, prep, cid, created, body.model, include_usage),
+        released_after(slot, _chunks(services, prep, cid, created, body.model, include_usage)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=BackgroundTask(cancel, services, prep),
+        background=cleanup,
     )
 
 
