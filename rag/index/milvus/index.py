@@ -225,10 +225,15 @@ class MilvusIndex:
         self.compact()
         return removed
 
+    def flush(self) -> None:
+        """Seal what was written into segments, which Milvus then indexes (after a bulk fill:
+        until then a segment is searched by brute force)."""
+        self._call("flush")
+
     def compact(self) -> None:
         """Reclaim deleted rows now (Milvus otherwise compacts on its own schedule)."""
         engine, name = self._bound()
-        self._call("flush")
+        self.flush()
         self._call("compact")
 
     def drop(self) -> None:

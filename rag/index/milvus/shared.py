@@ -154,6 +154,7 @@ class SharedIndexes:
                 self.engine, name, resolve=lambda: self.current(collection_id)
             )
             watermark = self.source.fill(collection_id, index)
+            index.flush()  # sealed and indexed before it serves
             _, watermark = self.source.apply_changes(collection_id, index, watermark)
             with bindings.writer(self.db, collection_id, wait=True) as writer:
                 _, watermark = self.source.apply_changes(collection_id, index, watermark)
