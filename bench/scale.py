@@ -345,8 +345,14 @@ def queue(url: str, n_jobs: int) -> list[tuple[int, int, float]]:
 
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except Exception as exc:  # no PostgreSQL: say so, never a figure from nothing
+        raise SystemExit(
+            f"PostgreSQL not reachable at {make_url(url).render_as_string()} "
+            f"({type(exc).__name__}); pass --pg-url, or --skip-queue to measure the rest"
+        ) from exc
     scoped = (
         make_url(url)
         .update_query_dict({"options": f"-csearch_path={schema}"})
