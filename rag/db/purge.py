@@ -50,21 +50,27 @@ def purge_documents(db: Database, limit: int) -> list[Purged]:
     Several processes may purge at once: PostgreSQL skips the rows another purger holds,
     SQLite serialises the writers."""
     with db.write() as session:
-        stmt = (
-            select(Document.id, Document.tenant_id, Document.collection_id, Document.sha256)
+        candidates = session.execute(
+            select(Document.id, Document.collection_id)
             .where(Document.deleted_at.is_not(None))
             .order_by(Document.deleted_at, Document.id)
             .limit(limit)
-        )
+        ).all()
+        if not candidates:
+            return []
+        # Collections first, in one order, as every change-log writer locks them (seq order
+        # is commit order, and no purger and ingest writer wait on each other in a cycle).
+        for collection_id in sorted({c.collection_id for c in candidates}):
+            lock_collection(session, collection_id)
+        stmt = select(
+            Document.id, Document.tenant_id, Document.collection_id, Document.sha256
+        ).where(Document.id.in_([c.id for c in candidates]), Document.deleted_at.is_not(None))
         if not db.is_sqlite:
             stmt = stmt.with_for_update(skip_locked=True)
         docs = session.execute(stmt).all()
         if not docs:
             return []
         doc_ids = [d.id for d in docs]
-        # Change-log writers lock the collection first (seq order is commit order).
-        for collection_id in sorted({d.collection_id for d in docs}):
-            lock_collection(session, collection_id)
         chunks: dict[str, list[int]] = {d: [] for d in doc_ids}
         for chunk_id, doc_id in session.execute(
             select(Chunk.id, Chunk.document_id)

@@ -265,3 +265,39 @@ def test_snapshots_of_collections_not_open_here_are_dropped_when_stale(
     # The next open rebuilds from SQL and finds nothing of it.
     assert len(api.services.indexes.get(cid)) == 0
     assert np.array_equal(api.services.indexes.get(cid).ids(), np.zeros(0, np.int64))
+
+
+def test_purgers_in_several_processes_share_the_work(api: Api) -> None:
+    """Every process runs a purger: together they erase each document once, without errors
+    or deadlocks against each other (PostgreSQL skips the rows another holds)."""
+    import threading
+
+    from rag.config import PurgeSettings
+    from rag.db import Database
+    from rag.purge import Purger
+
+    cid = api.collection(api.a)
+    docs = [_indexed(api, api.a, cid, [f"{SECRET[0]}{i}"]) for i in range(6)]
+    for doc in docs:
+        api.client.delete(f"/v1/documents/{doc}", headers=api.a)
+    url = api.services.db.url.render_as_string(hide_password=False)
+    dbs = [Database(url) for _ in range(2)]
+    purgers = [Purger(db, PurgeSettings(batch=2)) for db in dbs]
+    errors: list[BaseException] = []
+    erased: list[int] = []
+
+    def run(purger: Purger) -> None:
+        try:
+            erased.append(purger.run_once().documents)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in purgers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for db in dbs:
+        db.dispose()
+    assert errors == [] and sum(erased) == 6
+    assert all(_rows_of(api, doc)["documents"] == 0 for doc in docs)
