@@ -1,7 +1,8 @@
 """The system of record: tables, sessions, migrations, and every query the services run.
 
 One query module per table family (collections, documents, chunks, keys, jobs, change log,
-full text) and one vector codec; nothing outside this package builds SQL.
+full text), the purge's and the quotas' (purge, usage), and one vector codec; nothing outside
+this package builds SQL.
 """
 
 from sqlalchemy.exc import IntegrityError

@@ -287,6 +287,7 @@ class IndexManager:
     def _drop_stale(self, collection_id: str, store: SnapshotStore) -> None:
         marks = store.watermarks()
         if not marks:
+            store.prune()  # a temporary a crashed writer left
             return
         with self.db.read() as session:
             removal = changelog.last_removal_after(session, collection_id, min(marks.values()))

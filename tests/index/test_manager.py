@@ -361,3 +361,26 @@ def test_search_filter_and_state(manager: IndexManager, seeder: Seeder) -> None:
     assert all(set(h.ids.tolist()) <= set(ids2) and len(h) == 5 for h in outcome.hits)
     assert outcome.state.kind == "hnsw" and outcome.state.count == 20
     assert not outcome.state.building and not outcome.state.stale
+
+
+def test_purge_removes_what_a_crashed_snapshot_writer_left(
+    manager: IndexManager, seeder: Seeder, tmp_path: Path
+) -> None:
+    """A half-written generation (a writer killed mid-save) may hold vectors a delete has
+    removed since: one untouched for 5 minutes goes; one being written stays."""
+    import os
+
+    from rag.index import snapshot
+
+    cid = seeder.collection()
+    seeder.document(cid, 3)
+    root = tmp_path / "data" / "indexes" / cid
+    dead, busy = root / ".tmp-dead", root / ".tmp-busy"
+    for tmp in (dead, busy):
+        tmp.mkdir(parents=True)
+        (tmp / "index.faiss").write_bytes(b"vectors")
+    old = time.time() - snapshot.ABANDONED_S - 60
+    for path in (dead, dead / "index.faiss"):
+        os.utime(path, (old, old))
+    manager.purge()
+    assert not dead.exists() and busy.exists()
