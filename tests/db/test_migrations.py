@@ -113,8 +113,8 @@ def test_blobs_become_per_tenant_and_nothing_else_moves(db_url: str) -> None:
                 )
                 conn.execute(
                     text(
-                        "INSERT INTO ingest_jobs (id, tenant_id, collection_id, document_id, state, "
-                        "attempts, max_attempts, run_after, created_at, updated_at) VALUES "
+                        "INSERT INTO ingest_jobs (id, tenant_id, collection_id, document_id, "
+                        "state, attempts, max_attempts, run_after, created_at, updated_at) VALUES "
                         "(:j, :t, :c, :d, 'done', 1, 5, 0, 0, 0)"
                     ),
                     {"j": f"j{t}", "t": t, "c": f"c{t}", "d": f"d{t}"},
