@@ -65,6 +65,8 @@ class SearchResult:
     index: IndexState
     partial: bool  # the index is still building or catching up: results cover what is indexed
     over_budget: bool = False
+    # The collection's saved defaults as stored (search knobs and the answer's, e.g. kv_reuse).
+    saved: dict[str, Any] = field(default_factory=dict)
 
     def knobs_used(self) -> dict[str, Any]:
         """The knobs as a response reports them, with the index kind that served them."""
@@ -221,6 +223,7 @@ class Retriever:
             state,
             partial=state.building or state.stale,
             over_budget=deadline.expired(),
+            saved=saved,
         )
 
     # ------------------------------------------------------------------ pieces
@@ -246,7 +249,7 @@ class Retriever:
             raise Invalid(f"k must be between 1 and {self.settings.max_k}, got {k}")
         ef = pick("ef_search", None)
         if ef is not None and ef < k:
-            raise Invalid(f"ef_search ({ef}) must be at least k ({k})")
+            ef = k  # a candidate list shorter than k cannot hold k results (reported as used)
         nprobe = pick("nprobe", None)
         hybrid = float(pick("hybrid", 0.0))
         if not 0.0 <= hybrid <= 1.0:

@@ -13,8 +13,8 @@ from rag.db import Database
 from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
 from rag.index.manager import IndexManager
+from rag.purge import Purger, Removed
 from rag.quota import AskSlots
-from rag.purge import Purger
 from rag.retrieve import Retriever
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ class Services:
     # in by tests.
     _engine: GenerationBackend | None = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    _engine_loader: threading.Thread | None = None
     # Built here (and so closed here), not passed in by a caller that shares it.
     _own_embedder: bool = False
 
@@ -55,12 +56,38 @@ class Services:
                 if self._engine is None:
                     from rag.engine.build import build_engine
 
-                    self._engine = build_engine(self.settings.engine)
+                    self._engine = self._adopt(build_engine(self.settings.engine))
         return self._engine
+
+    def _adopt(self, engine: GenerationBackend) -> GenerationBackend:
+        # Deleted chunks leave the engine's KV caches, in every process.
+        self.purger.subscribe(lambda removed: _drop_chunks(engine, removed))
+        return engine
 
     @property
     def engine_loaded(self) -> bool:
         return self._engine is not None
+
+    @property
+    def engine_loading(self) -> bool:
+        return self._engine is None and self._engine_loader is not None
+
+    def load_engine(self) -> None:
+        """Build the generator now in a background thread, so the first question does not
+        wait for the model to load (a request that comes first waits for the same build)."""
+        if self._engine is not None or self._engine_loader is not None:
+            return
+
+        def load() -> None:
+            try:
+                _ = self.engine
+            except Exception:
+                log.exception("the generator could not be loaded; the first ask will retry")
+            finally:
+                self._engine_loader = None
+
+        self._engine_loader = threading.Thread(target=load, name="engine-load", daemon=True)
+        self._engine_loader.start()
 
     def start(self) -> None:
         self.indexes.start(self.settings.index.catch_up_interval_s)
@@ -83,6 +110,9 @@ class Services:
             thread.join(timeout=30)
         self._threads.clear()
         self.purger.close()
+        loader = self._engine_loader
+        if loader is not None:
+            loader.join()  # a model half loaded is not left to a dying process
         if self._engine is not None:
             self._engine.close()
         self.indexes.close()
@@ -137,9 +167,10 @@ def build_services(
         key_cache=KeyCache(settings.auth.key_cache_s),
         purger=Purger(db, settings.purge),
         asks=AskSlots(settings.quota.max_concurrent_asks),
-        _engine=engine,
         _own_embedder=own_embedder,
     )
+    if engine is not None:
+        services._engine = services._adopt(engine)
     run_worker = (
         settings.ingest.in_process_worker if in_process_worker is None else (in_process_worker)
     )
@@ -154,3 +185,7 @@ def make_worker(services: Services) -> Worker:
 
     pipeline = Pipeline(services.db, services.embedder, services.settings.ingest)
     return Worker(services.db, pipeline, services.settings.ingest)
+
+
+def _drop_chunks(engine: GenerationBackend, removed: list[Removed]) -> None:
+    engine.drop_chunks({cid for r in removed for cid in r.chunk_ids})

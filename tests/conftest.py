@@ -24,6 +24,10 @@ from rag.db.migrate import upgrade
 from rag.embed import Embedder, HashEmbedder, SentenceTransformerEmbedder
 from rag.services import Services, build_services
 
+# Test apps build the generator when a test asks for one, not in the background as each
+# starts (a test that wants the background load says so).
+os.environ.setdefault("RAG_ENGINE__LOAD_AT_START", "false")
+
 PG_URL = os.environ.get("RAG_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
@@ -111,12 +115,13 @@ def make_settings(
         "parse_timeout_s": 20.0,
     }
     values.update(ingest)
+    sections = dict(sections or {})
     return Settings(
         data_dir=tmp_path / "data",
         database={"url": db_url},
         ingest=values,
         auth={"admin_key": "test-admin-key-0123456789"},
-        **(sections or {}),  # type: ignore[arg-type]
+        **sections,  # type: ignore[arg-type]
     )
 
 

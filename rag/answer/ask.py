@@ -19,10 +19,11 @@ from rag.answer import prompt as prompts
 from rag.answer.generate import Prepared, admit, start
 from rag.db import collections
 from rag.deadline import Deadline
+from rag.engine.protocol import KvReuse
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid
 from rag.knobs import Knobs
-from rag.retrieve import Filter, Passage
+from rag.retrieve import Filter, Passage, SearchResult
 
 if TYPE_CHECKING:
     from rag.config import AskSettings
@@ -40,6 +41,10 @@ class AskRequest:
     filter: Filter | None = None
     params: SamplingParams = SamplingParams()
     budget_ms: float | None = None
+    kv_reuse: KvReuse | None = None  # None: the collection's default, else the service's
+
+
+KV_REUSE = ("blend", "prefix", "off")
 
 
 def check(req: AskRequest, settings: AskSettings) -> None:
@@ -110,17 +115,27 @@ async def prepare(
     context = _context_tokens(engine)
     built = prompts.build(
         req.question, relevant, context_tokens=context, max_tokens=max_tokens,
-        count=engine.count_tokens,
+        count=engine.count_tokens, salt=tenant_id, kv_reuse=_kv_reuse(services, req, result),
     )  # fmt: skip
     timings["prompt"] = _ms(t)
     if built.tokens + max_tokens > context:
         raise Invalid("the question and max_tokens do not fit the model's context")
-    stream = start(engine, built.messages, params, request_id, cache_salt=tenant_id)
+    stream = start(engine, built.prompt, params, request_id, cache_salt=tenant_id)
     timings["admit_to_submit"] = _ms(t0)
     return Prepared(
         tenant_id, collection_id, relevant[: built.given], result, deadline, timings, request_id,
         stream, submitted_at=time.perf_counter(), prompt_tokens=built.tokens,
     )  # fmt: skip
+
+
+def _kv_reuse(services: Services, req: AskRequest, result: SearchResult) -> KvReuse:
+    """The request's kv_reuse, else the collection's saved default, else the service's."""
+    saved = result.saved.get("kv_reuse")
+    if req.kv_reuse is not None:
+        return req.kv_reuse
+    if saved in KV_REUSE:
+        return saved  # type: ignore[no-any-return]
+    return services.settings.engine.kv_reuse
 
 
 def _chunk_count(services: Services, tenant_id: str, collection_id: str) -> int:

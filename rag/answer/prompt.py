@@ -3,18 +3,23 @@
 Passages are quoted data, never instructions: each is fenced, and text inside a document that
 could close a fence, pose as a chat role, or invite the model to render an outside link is
 neutralised first. The prompt fits the model's context by dropping the weakest passages whole.
-The system instruction comes first and the passages next, so the same passages in the same
-order give the same token prefix and the engine's prefix cache hits.
+
+Layout, for the engine's KV reuse: the system instruction first (a cached prefix), then each
+passage as a segment of its own (rag.engine.protocol.Segment), then the question. A passage's
+number changes from prompt to prompt, so its header ``<passage n>`` stays outside the segment;
+the segment (source, text, closing fence) is the same text wherever the passage appears, and
+its KV can be computed once and reused (rag.engine.passages).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rag.engine.protocol import estimate_tokens
+from rag.engine.protocol import KvReuse, Segment, SegmentedPrompt, estimate_tokens
 
 SYSTEM = (
     "You answer questions using only the numbered passages the user provides. "
@@ -27,10 +32,12 @@ OPEN = "<passage {n}>"
 CLOSE = "</passage>"
 
 Messages = list[dict[str, str]]
-TokenCounter = Callable[[Messages], int]
+TokenCounter = Callable[[SegmentedPrompt], int]
 
 
 class PassageLike(Protocol):
+    @property
+    def chunk_id(self) -> int: ...
     @property
     def text(self) -> str: ...
     @property
@@ -41,9 +48,13 @@ class PassageLike(Protocol):
 
 @dataclass(frozen=True)
 class Prompt:
-    messages: Messages
+    prompt: SegmentedPrompt
     given: int  # how many of the passages (the strongest first) made it into the prompt
     tokens: int  # counted with the engine's tokenizer, or estimated
+
+    @property
+    def messages(self) -> Messages:
+        return self.prompt.messages
 
 
 # ---------------------------------------------------------------- neutralising document text
@@ -77,14 +88,24 @@ def _filename(name: str) -> str:
 # ---------------------------------------------------------------- building
 
 
+def segment_text(p: PassageLike) -> str:
+    """What follows a passage's numbered header: its source, its text and the closing fence;
+    the same text in every prompt the passage appears in."""
+    return f" (from {_filename(p.filename)})\n{neutralise(p.text).strip()}\n{CLOSE}"
+
+
+def segment_of(p: PassageLike, salt: str) -> Segment:
+    """The passage's reusable segment, keyed by its chunk, a hash of its rendered text and
+    `salt` (the tenant): an edited chunk or another tenant's never matches."""
+    text = segment_text(p)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return Segment(text, f"{salt}:{p.chunk_id}:{digest}", p.chunk_id)
+
+
 def passages_block(passages: Sequence[PassageLike]) -> str:
-    parts = []
-    for n, p in enumerate(passages, start=1):
-        parts.append(
-            f"{OPEN.format(n=n)} (from {_filename(p.filename)})\n{neutralise(p.text).strip()}\n"
-            f"{CLOSE}"
-        )
-    return "\n\n".join(parts)
+    return "\n\n".join(
+        f"{OPEN.format(n=n)}{segment_text(p)}" for n, p in enumerate(passages, start=1)
+    )
 
 
 def messages_for(question: str, passages: Sequence[PassageLike]) -> Messages:
@@ -100,6 +121,16 @@ def messages_for(question: str, passages: Sequence[PassageLike]) -> Messages:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
+def segmented(
+    question: str, passages: Sequence[PassageLike], *, salt: str, kv_reuse: KvReuse = "blend"
+) -> SegmentedPrompt:
+    return SegmentedPrompt(
+        messages_for(question, passages),
+        tuple(segment_of(p, salt) for p in passages),
+        kv_reuse,
+    )
+
+
 def build(
     question: str,
     passages: Sequence[PassageLike],
@@ -107,28 +138,32 @@ def build(
     context_tokens: int,
     max_tokens: int,
     count: TokenCounter | None = None,
+    salt: str = "",
+    kv_reuse: KvReuse = "blend",
 ) -> Prompt:
-    """The messages for `question` over as many of `passages` (strongest first, as ranked) as
+    """The prompt for `question` over as many of `passages` (strongest first, as ranked) as
     fit in `context_tokens` with `max_tokens` left for the answer. Weak passages are dropped
-    whole, never cut."""
+    whole, never cut. `salt` (the tenant) and `kv_reuse` go to the segments."""
     count = count or estimate_tokens
     room = context_tokens - max_tokens
-    lo, hi = 0, len(passages)
-    # The longest prefix of the ranking that fits: a binary search over how many to keep.
-    messages = messages_for(question, passages)
-    tokens = count(messages)
+
+    def make(n: int) -> tuple[SegmentedPrompt, int]:
+        sp = segmented(question, passages[:n], salt=salt, kv_reuse=kv_reuse)
+        return sp, count(sp)
+
+    whole, tokens = make(len(passages))
     if tokens <= room:
-        return Prompt(messages, len(passages), tokens)
-    hi -= 1
-    best = (messages_for(question, []), 0)
-    best_tokens = count(best[0])
+        return Prompt(whole, len(passages), tokens)
+    # The longest prefix of the ranking that fits: a binary search over how many to keep.
+    lo, hi = 0, len(passages) - 1
+    best, best_tokens = make(0)
+    best_n = 0
     while lo <= hi:
         mid = (lo + hi) // 2
-        candidate = messages_for(question, passages[:mid])
-        n_tokens = count(candidate)
+        candidate, n_tokens = make(mid)
         if n_tokens <= room:
-            best, best_tokens = (candidate, mid), n_tokens
+            best, best_n, best_tokens = candidate, mid, n_tokens
             lo = mid + 1
         else:
             hi = mid - 1
-    return Prompt(best[0], best[1], best_tokens)
+    return Prompt(best, best_n, best_tokens)

@@ -22,6 +22,7 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] = ()  # kept for cached blocks to rule out hash collisions
+    chunk_ids: frozenset[int] = frozenset()  # chunks whose text a cached block holds
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -115,12 +116,17 @@ class BlockManager:
             h = chain_hash(hashes[-1] if hashes else salt_root(seq.cache_salt), tokens)
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
+            chunks = _chunks_in(seq, i * bs, (i + 1) * bs)
             if block.block_hash is not None:
-                continue  # a prefix hit: already cached
+                # A prefix hit: already cached. Equal text may quote another chunk too; a
+                # delete of either drops it.
+                block.chunk_ids |= chunks
+                continue
             if h in self._hash_to_block:
                 continue  # computed twice concurrently; keep the first copy
             block.block_hash = h
             block.token_ids = tokens
+            block.chunk_ids = chunks
             self._hash_to_block[h] = block.block_id
 
     # ----- allocation
@@ -176,6 +182,18 @@ class BlockManager:
             if block.ref_count == 0:
                 self._free_plain.append(block_id)
 
+    def drop_chunks(self, chunk_ids: set[int]) -> int:
+        """Take the cached blocks that hold text of these chunks (deleted documents) out of
+        the prefix cache: unreferenced ones are wiped for reuse, ones still in use stop being
+        cached and are wiped when freed. Returns how many."""
+        gone = [b for b in self._hash_to_block.values() if self.blocks[b].chunk_ids & chunk_ids]
+        for block_id in gone:
+            self._uncache(block_id)
+            if self.blocks[block_id].ref_count == 0:
+                self._evictable.pop(block_id, None)
+                self._free_plain.append(block_id)
+        return len(gone)
+
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._evictable):
             self._uncache(block_id)
@@ -204,3 +222,13 @@ class BlockManager:
             self._hash_to_block.pop(block.block_hash, None)
         block.block_hash = None
         block.token_ids = ()
+        block.chunk_ids = frozenset()
+
+
+def _chunks_in(seq: Sequence, start: int, end: int) -> frozenset[int]:
+    """The chunks whose segments overlap tokens [start, end) of seq."""
+    return frozenset(
+        s.chunk_id
+        for s in seq.segments
+        if s.chunk_id is not None and s.start < end and s.end > start
+    )

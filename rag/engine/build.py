@@ -129,9 +129,14 @@ def assemble(
         "engine: %s, activations %s, weights %s, %d KV blocks of %d tokens, context %d",
         device, dtype, model.weight_format, num_blocks, bs, max_model_len,
     )  # fmt: skip
-    passages = (
-        PassageKVCache(settings.passage_cache_mb * 2**20) if settings.passage_cache_mb else None
-    )
+    passages = None
+    if settings.passage_cache_mb:
+        import torch
+
+        stored = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+            settings.passage_cache_dtype, dtype
+        )
+        passages = PassageKVCache(settings.passage_cache_mb * 2**20, stored, device)
     runner = ModelRunner(
         model,
         KVCacheSpec(num_blocks, bs),

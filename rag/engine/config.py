@@ -13,6 +13,12 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["local", "remote"] = "local"
+    load_at_start: bool = Field(
+        default=True,
+        description="The API builds the generator in the background as it starts (/readyz "
+        "reports it loading), so the first question does not wait for the model; false: "
+        "built on the first question.",
+    )
 
     # Local backend.
     model_path: str | None = Field(
@@ -58,12 +64,24 @@ class EngineSettings(BaseModel):
         default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
     )
     enable_prefix_caching: bool = True
+    kv_reuse: Literal["blend", "prefix", "off"] = Field(
+        default="blend",
+        description="How grounded answers reuse prompt KV when neither the request nor the "
+        "collection says: blend = each passage's cached KV at its new position (the passage "
+        "cache), prefix = only an identical prompt prefix, off = compute every prompt whole.",
+    )
     passage_cache_mb: int = Field(
         default=1024,
         ge=0,
         description="The passage KV cache (rag.engine.passages): each passage's KV kept for "
         "reuse in later prompts. At 46 KB a token (SmolLM2, float32), 1024 MB hold ~22,000 "
         "passage tokens (about 110 chunks of 200 tokens). 0 turns it off.",
+    )
+    passage_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="How the passage cache stores KV: auto = as the paged KV cache does; "
+        "bfloat16 holds twice the passages in the same memory (copies are turned back into "
+        "the KV cache's format).",
     )
     recompute_first: int = Field(
         default=8,

@@ -107,6 +107,9 @@ class Engine:
         self._cv = threading.Condition()
         self._inbox: deque[_Request] = deque()
         self._aborts: list[str] = []
+        # Chunks deleted since the last step, and how many drops the engine thread has done.
+        self._drops: set[int] = set()
+        self._drops_asked = self._drops_done = 0
         self._requests: dict[str, _Request] = {}
         self._waiting_snapshot = 0
         self._thread: threading.Thread | None = None
@@ -170,14 +173,14 @@ class Engine:
             self._requests[request_id] = req
             self._inbox.append(req)
             self._ensure_thread()
-            self._cv.notify()
+            self._cv.notify_all()
         return stream
 
     def cancel(self, request_id: str) -> None:
         """Stop a request; its blocks are freed at the next step boundary (milliseconds)."""
         with self._cv:
             self._aborts.append(request_id)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def metrics(self) -> EngineMetrics:
         s, bm = self.scheduler, self.block_manager
@@ -209,15 +212,43 @@ class Engine:
             bytes=self.passages.used_bytes,
         )  # fmt: skip
 
-    def drop_chunks(self, chunk_ids: set[int]) -> None:
-        """Forget the cached KV of these chunks (their documents were deleted)."""
+    def drop_chunks(self, chunk_ids: set[int], timeout_s: float = 30.0) -> None:
+        """Forget whatever is cached from these chunks (their documents were deleted): their
+        passage KV entries, the prefix-cache blocks holding their text, and what prompts in
+        flight would store of them. Done by the engine thread between two steps (the caches
+        are its own); returns once done, or after `timeout_s`."""
+        if not chunk_ids:
+            return
+        with self._cv:
+            if self._stopping:
+                return
+            self._drops |= set(chunk_ids)
+            self._drops_asked += 1
+            asked = self._drops_asked
+            self._ensure_thread()
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._drops_done >= asked or self._stopping, timeout_s)
+
+    def _apply_drops(self, chunk_ids: set[int]) -> None:
         if self.passages is not None:
             self.passages.drop_chunks(chunk_ids)
+        blocks = self.block_manager.drop_chunks(chunk_ids)
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            dropped = [s for s in seq.segments if s.chunk_id in chunk_ids]
+            if not dropped:
+                continue
+            # Not cached as a prefix from the first deleted passage on, and not stored.
+            first = min(s.start for s in dropped)
+            seq.exact_until = first if seq.exact_until is None else min(seq.exact_until, first)
+            if seq.plan is not None:
+                seq.plan.stores = tuple(st for st in seq.plan.stores if st[3] not in chunk_ids)
+        if blocks:
+            logger.info("prefix cache: dropped %d blocks of deleted chunks", blocks)
 
     def close(self) -> None:
         with self._cv:
             self._stopping = True
-            self._cv.notify()
+            self._cv.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
@@ -230,7 +261,7 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._inbox or self._aborts or self.scheduler.has_work):
+                while not (self._inbox or self._aborts or self._drops or self.scheduler.has_work):
                     if self._stopping:
                         break
                     self._cv.wait()
@@ -243,6 +274,16 @@ class Engine:
                 # them in the waiting count and admitted past max_waiting.
                 self._waiting_snapshot += len(new)
                 aborts, self._aborts = self._aborts, []
+                drops, self._drops = self._drops, set()
+                drops_asked = self._drops_asked
+            if drops:
+                try:
+                    self._apply_drops(drops)
+                except Exception:
+                    logger.exception("could not drop the cached KV of deleted chunks")
+                with self._cv:
+                    self._drops_done = drops_asked
+                    self._cv.notify_all()
             outbox: list[tuple[_Request, Any]] = []
             for req in new:
                 try:

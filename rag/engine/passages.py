@@ -28,7 +28,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -38,18 +38,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Entry:
-    k: torch.Tensor  # [L, Hkv, n, D]: keys as rotated for position `start`
-    v: torch.Tensor  # [L, Hkv, n, D]
+    # [L, 2, n * Hkv, D]: every layer's keys (as rotated for position `start`) and values,
+    # token-major like the paged cache's rows, in the cache's storage format.
+    kv: torch.Tensor
     start: int
     chunk_id: int | None
+    num_kv_heads: int = 1
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return int(self.kv.numel() * self.kv.element_size())
 
     @property
     def tokens(self) -> int:
-        return int(self.k.shape[2])
+        return int(self.kv.shape[2]) // self.num_kv_heads
 
 
 @dataclass
@@ -65,10 +67,16 @@ class PassageStats:
 
 
 class PassageKVCache:
-    """Entries by key, least recently used first; `capacity_bytes` bounds their sum."""
+    """Entries by key, least recently used first; `capacity_bytes` bounds their sum. Entries
+    are kept on `device` in `dtype` (bfloat16 halves float32's bytes; copies are turned back
+    into the paged cache's format)."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(
+        self, capacity_bytes: int, dtype: torch.dtype | None = None, device: Any = "cpu"
+    ) -> None:
         self.capacity_bytes = capacity_bytes
+        self.dtype = dtype
+        self.device = device
         self.used_bytes = 0
         self.stats = PassageStats()
         self._entries: OrderedDict[str, Entry] = OrderedDict()

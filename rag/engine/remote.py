@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from rag.engine.config import EngineSettings
-from rag.engine.protocol import EngineMetrics, Prompt, estimate_tokens
+from rag.engine.protocol import EngineMetrics, Prompt, estimate_tokens, messages_of
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -93,6 +93,10 @@ class RemoteEngine:
             if request_id in self._in_flight:
                 self._cancelled.add(request_id)
 
+    def drop_chunks(self, chunk_ids: set[int]) -> None:
+        """Nothing to drop: a remote server caches no passage of ours by chunk (its own prefix
+        cache holds only prompts, which name no chunk)."""
+
     def metrics(self) -> EngineMetrics:
         return EngineMetrics(
             running=len(self._in_flight), waiting=0, kv_blocks_used=0, kv_blocks_free=0,
@@ -126,7 +130,7 @@ class RemoteEngine:
     async def _stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[TokenEvent]:
-        path, body = self._body(prompt, params)
+        path, body = self._body(messages_of(prompt), params)
         reason: FinishReason | None = None
         usage: dict[str, Any] | None = None
         n_chunks = 0

@@ -224,20 +224,16 @@ class ModelRunner:
 
     def _copy_in(self, chunk: ScheduledChunk) -> None:
         """Write the cached passages of a prompt into its blocks, keys rotated to their new
-        positions."""
+        positions (all layers in one copy per passage)."""
         assert self.passages is not None, "a plan with copies needs the passage cache"
         cfg = self.model.cfg
+        cache = self.kv_caches.view(cfg.num_layers, 2, -1, cfg.head_dim)
         for key, start, n in chunk.copies:
             entry = self.passages.get(key)
             assert entry is not None and entry.tokens == n, "a planned passage went missing"
-            k = rotate_keys(entry.k, start - entry.start, self.model.inv_freq)
-            rows = self._rows(chunk, start, n)
-            for layer in range(cfg.num_layers):
-                # [Hkv, n, D] -> token-major [n * Hkv, D], the order of `rows`
-                k_rows = k[layer].transpose(0, 1).reshape(n * cfg.num_kv_heads, cfg.head_dim)
-                v_rows = entry.v[layer].transpose(0, 1).reshape(n * cfg.num_kv_heads, cfg.head_dim)
-                self.kv_caches[layer, 0].view(-1, cfg.head_dim).index_copy_(0, rows, k_rows)
-                self.kv_caches[layer, 1].view(-1, cfg.head_dim).index_copy_(0, rows, v_rows)
+            kv = entry.kv.to(device=cache.device, dtype=cache.dtype, copy=True)
+            kv[:, 0] = rotate_keys(kv[:, 0], start - entry.start, self.model.inv_freq)
+            cache.index_copy_(2, self._rows(chunk, start, n), kv)
             self.passages.stats.reused_tokens += n
 
     def _store(self, chunk: ScheduledChunk) -> None:
@@ -245,15 +241,8 @@ class ModelRunner:
         if self.passages is None:
             return
         cfg = self.model.cfg
+        cache = self.kv_caches.view(cfg.num_layers, 2, -1, cfg.head_dim)
         for key, start, n, chunk_id in chunk.stores:
-            rows = self._rows(chunk, start, n)
-            ks, vs = [], []
-            for layer in range(cfg.num_layers):
-                k = self.kv_caches[layer, 0].view(-1, cfg.head_dim).index_select(0, rows)
-                v = self.kv_caches[layer, 1].view(-1, cfg.head_dim).index_select(0, rows)
-                ks.append(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1))
-                vs.append(v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1))
-            entry = Entry(
-                torch.stack(ks).contiguous(), torch.stack(vs).contiguous(), start, chunk_id
-            )
-            self.passages.put(key, entry)
+            kv = cache.index_select(2, self._rows(chunk, start, n))  # [L, 2, n * Hkv, D]
+            kv = kv.to(device=self.passages.device, dtype=self.passages.dtype)
+            self.passages.put(key, Entry(kv, start, chunk_id, cfg.num_kv_heads))

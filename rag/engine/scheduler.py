@@ -241,6 +241,7 @@ class Scheduler:
             ):
                 seq = self.waiting[0]
                 hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
+                hits, num_hit_tokens = self._trim_hit(seq, hits, num_hit_tokens)
                 plan = self._plan(seq, num_hit_tokens)
                 if plan is not None and plan.sparse:
                     # Blocks for the whole prompt at once: the copies land all over it.
@@ -322,6 +323,21 @@ class Scheduler:
         if plan is not None and plan.sparse:
             return plan.left
         return seq.num_tokens - seq.num_computed_tokens
+
+    def _trim_hit(self, seq: Sequence, hits: list[int], computed: int) -> tuple[list[int], int]:
+        """A prefix hit that ends inside a cached passage (segments of different passages
+        begin with the same few tokens) stops at the block before it: recomputing those few
+        tokens is cheaper than computing the passage that copying would have skipped."""
+        if seq.kv_reuse != "blend" or self.passages is None or not hits:
+            return hits, computed
+        for span in seq.segments:
+            if (
+                span.start < computed < span.end
+                and self.passages(span.key) == span.end - span.start
+            ):
+                keep = span.start // self.bm.block_size
+                return hits[:keep], keep * self.bm.block_size
+        return hits, computed
 
     def _plan(self, seq: Sequence, computed: int) -> ReusePlan | None:
         """Which of a prompt's passages come from the passage cache, which are stored there

@@ -214,3 +214,25 @@ def _engine_metrics(services: Services) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "rag_engine_spec_accepted_tokens", "Speculative draft tokens accepted", m.accepted_tokens
     )
+    p = m.passages
+    lookups = CounterMetricFamily(
+        "rag_engine_passage_cache_lookups",
+        "Passages a prompt looked up in the passage KV cache, by result",
+        labels=["result"],
+    )
+    lookups.add_metric(["hit"], p.hits)
+    lookups.add_metric(["miss"], p.misses)
+    yield lookups
+    yield CounterMetricFamily(
+        "rag_engine_passage_cache_evictions", "Passage KV entries evicted (LRU)", p.evictions
+    )
+    tokens = CounterMetricFamily(
+        "rag_engine_passage_tokens",
+        "Prompt tokens of reused passages: copied from the cache, or recomputed in place",
+        labels=["how"],
+    )
+    tokens.add_metric(["reused"], p.reused_tokens)
+    tokens.add_metric(["recomputed"], p.recomputed_tokens)
+    yield tokens
+    yield GaugeMetricFamily("rag_engine_passage_cache_entries", "Passages held", p.entries)
+    yield GaugeMetricFamily("rag_engine_passage_cache_bytes", "Bytes of passage KV held", p.bytes)

@@ -15,6 +15,7 @@ import pytest
 
 from rag.api.app import create_app
 from rag.engine import EngineError, EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+from rag.engine.protocol import messages_of
 from rag.services import build_services
 from tests.conftest import Api, LiveServer, make_settings
 from tests.support.fakes import BackendBasics
@@ -40,6 +41,7 @@ class FakeEngine(BackendBasics):
         self.max_model_len = 2048
         self.on_submit = on_submit
         self.prompts: list[Any] = []
+        self.raw_prompts: list[object] = []
         self.cancelled: list[str] = []
         self.running: set[str] = set()
 
@@ -50,7 +52,8 @@ class FakeEngine(BackendBasics):
         request_id: str | None = None,
         **_: object,
     ) -> AsyncIterator[TokenEvent]:
-        self.prompts.append(prompt)
+        self.prompts.append(messages_of(prompt))  # type: ignore[arg-type]
+        self.raw_prompts.append(prompt)
         if self.on_submit is not None:
             self.on_submit(prompt)
         rid = request_id or "fake"

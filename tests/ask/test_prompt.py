@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rag.answer import markers
-from rag.answer.prompt import SYSTEM, build, estimate_tokens, messages_for, neutralise
+from rag.answer.prompt import (
+    OPEN,
+    SYSTEM,
+    build,
+    estimate_tokens,
+    messages_for,
+    neutralise,
+    segmented,
+)
 
 
 @dataclass(frozen=True)
@@ -13,9 +21,12 @@ class P:
     text: str
     filename: str = "a.txt"
     score: float = 1.0
+    chunk_id: int = 0
 
 
-PASSAGES = [P(f"Passage number {i} says something about topic {i}. " * 5) for i in range(6)]
+PASSAGES = [
+    P(f"Passage number {i} says something about topic {i}. " * 5, chunk_id=i) for i in range(6)
+]
 
 
 def test_same_passages_give_the_same_prefix() -> None:
@@ -36,6 +47,28 @@ def test_fitting_drops_the_weakest_passages_whole() -> None:
     assert PASSAGES[3].text.strip() not in built.messages[1]["content"]
     assert build("q?", PASSAGES, context_tokens=full + 50, max_tokens=50).given == 6
     assert build("q?", PASSAGES, context_tokens=10, max_tokens=5).given == 0
+
+
+def test_each_passage_is_a_segment_that_reads_the_same_in_any_prompt() -> None:
+    a = segmented("q?", PASSAGES[:3], salt="t1")
+    b = segmented("another?", [PASSAGES[2], PASSAGES[0]], salt="t1")
+    user = a.messages[1]["content"]
+    cursor = 0
+    for seg, p in zip(a.segments, PASSAGES[:3], strict=True):
+        at = user.find(seg.text, cursor)
+        assert at > cursor and seg.chunk_id == p.chunk_id  # verbatim, in order
+        assert p.text.strip() in seg.text and not seg.text.startswith("<passage")
+        cursor = at + len(seg.text)
+    # The number (which changes from prompt to prompt) is outside; the segment is equal.
+    assert b.segments[0] == a.segments[2] and b.segments[1] == a.segments[0]
+    assert user.count(OPEN.format(n=1)) == 1 and OPEN.format(n=3) not in a.segments[2].text
+    # Another tenant, or an edited chunk, never has the same key.
+    assert segmented("q?", PASSAGES[:1], salt="t2").segments[0].key != a.segments[0].key
+    edited = P(PASSAGES[0].text + " More.", chunk_id=0)
+    assert segmented("q?", [edited], salt="t1").segments[0].key != a.segments[0].key
+    assert build("q?", PASSAGES[:2], context_tokens=10_000, max_tokens=10).prompt.kv_reuse == (
+        "blend"
+    )
 
 
 def test_neutralise_links_roles_and_fences() -> None:

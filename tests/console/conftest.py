@@ -23,6 +23,7 @@ from rag.auth import create_key
 from rag.config import Settings
 from rag.embed import HashEmbedder
 from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+from rag.engine.protocol import messages_of
 from rag.services import Services, build_services
 from tests.conftest import LiveServer
 from tests.support.fakes import BackendBasics
@@ -59,6 +60,7 @@ class FakeEngine(BackendBasics):
         self.answer = answer
         self.delay_s = delay_s
         self.prompts: list[object] = []
+        self.raw_prompts: list[object] = []
         self.cancelled: list[str] = []
         self.max_model_len = 8192
 
@@ -69,7 +71,8 @@ class FakeEngine(BackendBasics):
         request_id: str | None = None,
         **_: object,
     ) -> AsyncIterator[TokenEvent]:
-        self.prompts.append(prompt)
+        self.prompts.append(messages_of(prompt))  # type: ignore[arg-type]
+        self.raw_prompts.append(prompt)
         return self._stream(request_id or "fake")
 
     async def _stream(self, request_id: str) -> AsyncIterator[TokenEvent]:

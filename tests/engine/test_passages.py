@@ -15,7 +15,7 @@ from rag.engine.config import EngineSettings  # noqa: E402
 from rag.engine.model import AttentionMetadata, rotate_keys  # noqa: E402
 from rag.engine.passages import Entry, PassageKVCache  # noqa: E402
 from rag.engine.protocol import Segment, SegmentedPrompt  # noqa: E402
-from rag.engine.sequence import SamplingParams  # noqa: E402
+from rag.engine.sequence import SamplingParams, Sequence  # noqa: E402
 
 from .conftest import CharTokenizer  # noqa: E402
 from .test_quant import tiny  # noqa: E402
@@ -56,7 +56,7 @@ def test_keys_rotated_to_a_new_position_are_the_keys_computed_there():
 
 def test_the_cache_keeps_within_its_bytes_least_recently_used_out():
     def entry(chunk: int) -> Entry:
-        return Entry(torch.zeros(2, 1, 10, 4), torch.zeros(2, 1, 10, 4), 0, chunk)
+        return Entry(torch.zeros(2, 2, 10, 4), 0, chunk)
 
     size = entry(0).nbytes
     cache = PassageKVCache(capacity_bytes=3 * size)
@@ -90,10 +90,11 @@ def run(engine, p: SegmentedPrompt, n: int = 10):  # type: ignore[no-untyped-def
     return asyncio.run(go())
 
 
-def make(recompute_first: int = 4):  # type: ignore[no-untyped-def]
+def make(recompute_first: int = 4, stored: str = "auto"):  # type: ignore[no-untyped-def]
     settings = EngineSettings(
         device="cpu", dtype="float32", weights="float32", speculative=False, num_kv_blocks=64,
         block_size=4, max_model_len=400, recompute_first=recompute_first, passage_cache_mb=16,
+        passage_cache_dtype=stored,
     )  # fmt: skip
     return engine_for_model(tiny(), CharTokenizer(), (), settings)
 
@@ -141,3 +142,75 @@ def test_prefix_mode_reuses_no_passage():
         assert usage.reused_prompt_tokens == 0 and usage.recomputed_prompt_tokens == 0
     finally:
         engine.close()
+
+
+def test_a_delete_drops_the_prefix_blocks_holding_the_chunks_text():
+    """Prefix-cached blocks remember the chunks they quote: a delete wipes those blocks (and
+    what the prompt after them chained on), while blocks before the passage stay cached."""
+    engine = make()
+    try:
+        run(engine, prompt([0, 1, 2], "prefix"))
+        _, warm = run(engine, prompt([0, 1, 2], "prefix"))
+        assert warm.cached_prompt_tokens > len("sys: answer. [1] ") + len(PASSAGES[0])
+        engine.drop_chunks({1})
+        held = [b for b in engine.block_manager.blocks if b.block_hash is not None]
+        assert held and all(1 not in b.chunk_ids for b in held)
+        assert any(0 in b.chunk_ids for b in held)  # the passage before it stays
+        _, after = run(engine, prompt([0, 1, 2], "prefix"))
+        start_of_1 = prompt([0, 1, 2], "prefix").messages[0]["content"].index(PASSAGES[1])
+        assert 0 < after.cached_prompt_tokens <= start_of_1 + 2  # + the template's "user:"
+    finally:
+        engine.close()
+
+
+def test_a_prompt_in_flight_stores_nothing_of_a_chunk_deleted_meanwhile():
+    """A delete that lands between two steps of a prompt's prefill: the prompt still runs,
+    but stores no KV of the deleted chunk and caches no block from it on."""
+    engine = make()
+    try:
+        ids, spans = engine.tokenizer.encode_segments(prompt([0, 1, 2], "blend"))
+        seq = Sequence("r", ids, SamplingParams(max_tokens=4), 400, (), segments=spans,
+                       kv_reuse="blend")  # fmt: skip
+        engine.scheduler.add(seq)
+        engine.scheduler.schedule()  # admitted and planned: all three passages to store
+        assert seq.plan is not None and {st[3] for st in seq.plan.stores} == {0, 1, 2}
+        engine._apply_drops({2})
+        assert {st[3] for st in seq.plan.stores} == {0, 1}
+        assert seq.exact_until == next(s.start for s in spans if s.chunk_id == 2)
+    finally:
+        engine.close()
+
+
+def test_a_prompt_after_a_delete_computes_the_passage_again():
+    engine = make()
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))
+        engine.drop_chunks({2})
+        assert engine.passages is not None and len(engine.passages) == 2
+        _, usage = run(engine, prompt([2, 1, 0], "blend"))
+        assert usage.reused_prompt_tokens + usage.recomputed_prompt_tokens == len(
+            PASSAGES[0]
+        ) + len(PASSAGES[1])
+        assert engine.metrics().passages.entries == 3  # stored again
+    finally:
+        engine.close()
+
+
+def test_bfloat16_storage_is_the_float32_kv_rounded():
+    """Stored in bfloat16, an entry is its float32 KV to bfloat16 rounding (relative 2^-8),
+    half the bytes; reuse from it still runs."""
+    exact, half = make(), make(stored="bfloat16")
+    try:
+        for engine in (exact, half):
+            run(engine, prompt([0, 1, 2], "blend"))
+        assert exact.passages is not None and half.passages is not None
+        a, b = exact.passages.get("t:1"), half.passages.get("t:1")
+        assert a is not None and b is not None and b.kv.dtype == torch.bfloat16
+        assert b.nbytes * 2 == a.nbytes
+        err = (b.kv.float() - a.kv).abs()
+        assert bool((err <= a.kv.abs() * 2**-8 + 1e-6).all())
+        _, usage = run(half, prompt([2, 1, 0], "blend"))
+        assert usage.reused_prompt_tokens > 0
+    finally:
+        exact.close()
+        half.close()

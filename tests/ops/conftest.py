@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rag.engine import EngineMetrics, FinishReason, SamplingParams, TokenEvent, Usage
+from rag.engine.protocol import messages_of
 from tests.support.fakes import BackendBasics
 
 
@@ -14,6 +15,7 @@ class RecordingEngine(BackendBasics):
         self.answer = answer
         self.max_model_len = 2048
         self.prompts: list[Any] = []
+        self.raw_prompts: list[object] = []
 
     def submit(
         self,
@@ -22,7 +24,8 @@ class RecordingEngine(BackendBasics):
         request_id: str | None = None,
         **_: object,
     ) -> AsyncIterator[TokenEvent]:
-        self.prompts.append(prompt)
+        self.prompts.append(messages_of(prompt))  # type: ignore[arg-type]
+        self.raw_prompts.append(prompt)
         return self._stream(request_id or "ops")
 
     async def _stream(self, rid: str) -> AsyncIterator[TokenEvent]:

@@ -23,5 +23,8 @@ class BackendBasics:
     def has_room(self) -> bool:
         return self.waiting < self.max_waiting
 
+    def drop_chunks(self, chunk_ids: set[int]) -> None:
+        self.dropped = getattr(self, "dropped", set()) | chunk_ids
+
     def close(self) -> None:
         pass
