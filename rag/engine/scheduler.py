@@ -325,18 +325,20 @@ class Scheduler:
         return seq.num_tokens - seq.num_computed_tokens
 
     def _trim_hit(self, seq: Sequence, hits: list[int], computed: int) -> tuple[list[int], int]:
-        """A prefix hit that ends inside a cached passage (segments of different passages
-        begin with the same few tokens) stops at the block before it: recomputing those few
-        tokens is cheaper than computing the passage that copying would have skipped."""
+        """A prefix hit that ends a few tokens into a cached passage (segments of different
+        passages begin with the same few tokens) stops at the block before it: recomputing
+        those tokens is cheaper than computing the passage that copying would have skipped.
+        A hit that covers more of it than a copy would recompute is kept (exact)."""
         if seq.kv_reuse != "blend" or self.passages is None or not hits:
             return hits, computed
         for span in seq.segments:
-            if (
-                span.start < computed < span.end
-                and self.passages(span.key) == span.end - span.start
-            ):
-                keep = span.start // self.bm.block_size
-                return hits[:keep], keep * self.bm.block_size
+            n = span.end - span.start
+            if not span.start < computed < span.end or self.passages(span.key) != n:
+                continue
+            if computed - span.start >= self.config.recompute_first:
+                return hits, computed
+            keep = span.start // self.bm.block_size
+            return hits[:keep], keep * self.bm.block_size
         return hits, computed
 
     def _plan(self, seq: Sequence, computed: int) -> ReusePlan | None:
@@ -352,17 +354,19 @@ class Scheduler:
         reused = recomputed = 0
         for span in sorted(seq.segments, key=lambda s: s.start):
             n = span.end - span.start
-            if span.start < computed or span.end > seq.num_tokens or n <= 0:
-                continue  # inside the prefix hit (or cut): as computed
-            if self.passages(span.key) == n:
+            if span.end > seq.num_tokens or n <= 0:
+                continue  # cut
+            held = self.passages(span.key) == n
+            if not held:
+                # Stored once computed (a part inside the prefix hit is there already).
+                stores.append((span.key, span.start, n, span.chunk_id))
+            elif span.start >= computed:  # else: inside the prefix hit, exact as it is
                 keep = min(first, n)
                 positions += range(cursor, span.start + keep)
                 copies.append((span.key, span.start, n))
                 reused += n - keep
                 recomputed += keep
                 cursor = span.end
-            else:
-                stores.append((span.key, span.start, n, span.chunk_id))
         if not copies and not stores:
             return None
         positions += range(cursor, seq.num_tokens)
