@@ -249,7 +249,7 @@ class Retriever:
             raise Invalid(f"k must be between 1 and {self.settings.max_k}, got {k}")
         ef = pick("ef_search", None)
         if ef is not None and ef < k:
-            ef = k  # a candidate list shorter than k cannot hold k results (reported as used)
+            raise Invalid(f"ef_search ({ef}) must be at least k ({k})")
         nprobe = pick("nprobe", None)
         hybrid = float(pick("hybrid", 0.0))
         if not 0.0 <= hybrid <= 1.0:

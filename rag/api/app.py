@@ -41,7 +41,7 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         app.state.services = services
     app.state.pools = Pools(settings.api)
     errors.install(app)
-    openapi.install(app)
+    openapi.install(app, settings)
     upload = ("POST", path_pattern(documents.UPLOAD_PATH), settings.ingest.max_upload_bytes)
     app.add_middleware(
         BodyLimit,

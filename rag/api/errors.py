@@ -96,6 +96,10 @@ def install(app: FastAPI) -> None:
             # FastAPI reports any failure while reading a body as a 400; one of ours (a body
             # past the route's limit: 413) says what really happened.
             return await _domain(request, exc.__cause__)
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # A body that does not decode (not UTF-8, not JSON): invalid input, as a body that
+            # is JSON but wrong is.
+            return JSONResponse(body("invalid", "the request body is not valid JSON"), 422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:

@@ -10,6 +10,10 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
+from rag.config import Settings
+from rag.index import KINDS, index_class
+from rag.index.params import json_schema
+
 REF = "#/components/schemas/{model}"
 
 
@@ -75,7 +79,7 @@ def document(*models: type[BaseModel]) -> None:
     _EXTRA_MODELS.extend(m for m in models if m not in _EXTRA_MODELS)
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             spec = get_openapi(
@@ -90,7 +94,80 @@ def install(app: FastAPI) -> None:
             )
             for name, schema in extra.get("$defs", {}).items():
                 schemas.setdefault(name, schema)
+            _configured_limits(schemas, settings)
+            _index_specs(schemas, available_kinds(settings))
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def available_kinds(settings: Settings) -> list[str]:
+    """The index kinds this deployment can build (milvus only with a Milvus to talk to)."""
+    return [k for k in KINDS if k != "milvus" or settings.milvus.uri]
+
+
+def _configured_limits(schemas: dict[str, Any], settings: Settings) -> None:
+    """Where the service is configured tighter than a request model's static bound, say the
+    configured one (a search's k, a question's length, an answer's tokens)."""
+    limits = {
+        ("SearchIn", "k"): ("maximum", settings.search.max_k),
+        ("SearchIn", "query"): ("maxLength", settings.search.max_query_chars),
+        ("SearchDefaultsIn", "k"): ("maximum", settings.search.max_k),
+        ("AskIn", "k"): ("maximum", settings.search.max_k),
+        ("AskIn", "question"): ("maxLength", settings.ask.max_question_chars),
+        ("AskIn", "max_tokens"): ("maximum", settings.ask.max_tokens_limit),
+    }
+    for (model, field), (key, value) in limits.items():
+        prop = schemas.get(model, {}).get("properties", {}).get(field)
+        if prop is None:
+            continue
+        for branch in prop.get("anyOf", [prop]):
+            if key in branch:
+                branch[key] = min(branch[key], value)
+
+
+def _index_specs(schemas: dict[str, Any], kinds: list[str]) -> None:
+    """An index's `params` as each kind declares them (rag.index.params), instead of one
+    free object: IndexIn and RebuildIn become one alternative per kind."""
+    none: dict[str, Any] = {"type": "object", "maxProperties": 0}  # auto takes none
+
+    def params(kind: str) -> dict[str, Any]:
+        if kind == "auto":
+            return none
+        schema = getattr(index_class(kind), "param_schema", None)
+        return json_schema(schema) if schema is not None else {"type": "object"}
+
+    def variant(kind: str, params: dict[str, Any], *, required: bool) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"kind": {"const": kind}, "params": params},
+            "required": ["kind"] if required else [],
+            "additionalProperties": False,
+        }
+
+    if "IndexIn" in schemas:
+        schemas["IndexIn"] = {
+            "title": "IndexIn",
+            "description": "the index kind and its build parameters (auto: chosen by size)",
+            "anyOf": [
+                variant("auto", none, required=False),
+                *(variant(k, params(k), required=True) for k in kinds),
+            ],
+        }
+    if "RebuildIn" in schemas:
+        same = {
+            "type": "object",
+            "description": "the collection's kind and parameters as they are",
+            "properties": {"kind": {"type": "null"}, "params": {"type": "null"}},
+            "additionalProperties": False,
+        }
+        into = [
+            variant(k, {"anyOf": [params(k), {"type": "null"}]}, required=True)
+            for k in ("auto", *kinds)
+        ]
+        schemas["RebuildIn"] = {
+            "title": "RebuildIn",
+            "description": "rebuild as it is, or into a kind with its parameters",
+            "anyOf": [same, *into],
+        }

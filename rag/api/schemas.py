@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.db.documents import Accepted
 from rag.db.models import ApiKey, Chunk, Collection, Document, IngestJob
@@ -16,20 +16,38 @@ def iso(t: float | None) -> str | None:
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a JSON type other than the one the schema states is refused, not coerced (0 is
+    # not false, "5" is not 5).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral_numbers(cls, v: object) -> object:
+        # JSON has one number type: 5.0 is the integer 5 (JSON Schema agrees), which strict
+        # ints would refuse; a float field takes the int as it is.
+        return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 # Bounds every request states in its schema (and so in /openapi.json).
 Id = Annotated[str, Field(min_length=1, max_length=64, description="an id")]
 MetaKey = Annotated[str, Field(min_length=1, max_length=100)]
-MetaText = Annotated[str, Field(max_length=4096)]
+# 32 keys of up to 100 characters with values of up to 400: at most 16,000 characters in all.
+MetaText = Annotated[str, Field(max_length=400)]
 # Numbers JSON readers everywhere agree on: integers a double holds exactly, finite floats.
-Integer = Annotated[int, Field(ge=-(2**53), le=2**53)]
+INT_MAX = 2**53 - 1
+Integer = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
+# Text with a visible character and no control characters (names, tenants).
+PRINTABLE = r"^[^\x00-\x1f]*[^\s\x00-\x1f][^\x00-\x1f]*$"
+# Text with a visible character and no NUL (questions, queries).
+NOT_BLANK = r"^[^\x00]*\S[^\x00]*$"
+# A text document: a visible character, and no control characters but the whitespace ones
+# and ESC (what upload detection takes for text).
+TEXT_BODY = r"^[^\x00-\x08\x0e-\x1a\x1c-\x1f]*\S[^\x00-\x08\x0e-\x1a\x1c-\x1f]*$"
 Real = Annotated[float, Field(ge=-1e300, le=1e300)]
 MetaValue = MetaText | Integer | Real | bool
-MAX_META_KEYS = 64
+MAX_META_KEYS = 32
 ParamName = Annotated[str, Field(min_length=1, max_length=64)]
-ParamValue = Integer | Real | bool | Annotated[str, Field(max_length=64)]
+ParamValue = Integer | Real | bool | Annotated[str, Field(max_length=64)] | None
 # Index build parameters: each kind's own bounds are checked by rag.index.check_params.
 IndexParams = Annotated[
     dict[ParamName, ParamValue],
@@ -56,18 +74,20 @@ class IndexIn(Request):
 
 
 class CollectionCreate(Request):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     description: str = Field("", max_length=2000)
     chunking: ChunkingIn = Field(default_factory=ChunkingIn)
     index: IndexIn = Field(default_factory=IndexIn)
 
-    @field_validator("name")
+    @field_validator("name", mode="before")
     @classmethod
-    def _printable(cls, v: str) -> str:
-        v = v.strip()
-        if not v or any(ord(c) < 32 for c in v):
+    def _printable(cls, v: object) -> object:
+        # Said in words before the pattern says it; the name is stored stripped.
+        if not isinstance(v, str):
+            return v
+        if not v.strip() or any(ord(c) < 32 for c in v):
             raise ValueError("name must be non-empty printable text")
-        return v
+        return v.strip()
 
 
 class CollectionOut(BaseModel):
@@ -119,16 +139,24 @@ MAX_TEXT_CHARS = 50 * 1024 * 1024
 
 
 class TextDocumentIn(Request):
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, description="the document's text")
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        pattern=TEXT_BODY,
+        description="the document's text",
+    )
     filename: str | None = Field(None, max_length=255)
     media_type: Literal["text/plain", "text/markdown", "text/html"] | None = None
     metadata: dict[MetaKey, MetaValue | None] = Field(
-        default_factory=dict, max_length=MAX_META_KEYS, description="at most 16 KiB as JSON"
+        default_factory=dict, max_length=MAX_META_KEYS
     )
 
-    @field_validator("text")
+    @field_validator("text", mode="before")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
+    def _not_blank(cls, v: object) -> object:
+        # The pattern says as much; these say it in words (before the pattern does).
+        if not isinstance(v, str):
+            return v
         if not v.strip():
             raise ValueError("text is empty")
         if "\x00" in v:
@@ -273,7 +301,7 @@ class JobOut(BaseModel):
 
 
 class KeyCreate(Request):
-    tenant: str = Field(min_length=1, max_length=200)
+    tenant: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     admin: bool = False
 
 
@@ -322,7 +350,7 @@ class SearchFilter(Request):
 
 
 class SearchIn(Request):
-    query: str = Field(min_length=1, max_length=4000)
+    query: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
     k: int | None = Field(
         None, ge=1, le=1000, description="passages to return (max 200 by default)"
     )
@@ -369,7 +397,13 @@ class SearchOut(BaseModel):
 
 class RebuildIn(Request):
     kind: IndexKind | None = None
-    params: IndexParams | None = None
+    params: IndexParams | None = Field(None, description="for `kind`, which they need")
+
+    @model_validator(mode="after")
+    def _params_need_a_kind(self) -> RebuildIn:
+        if self.params is not None and self.kind is None:
+            raise ValueError("params need the kind they are for: send `kind` with them")
+        return self
 
 
 class SearchDefaultsIn(Request):

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag.api.schemas import PassageOut, Request, SearchFilter
+from rag.api.schemas import INT_MAX, NOT_BLANK, PassageOut, Request, SearchFilter
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage
 
 # The engine scans every stop string at every token: a few short ones only.
 StopString = Annotated[str, Field(min_length=1, max_length=64)]
 MAX_STOPS = 8
-SEED_MAX = 2**63 - 1
+# The engine takes seeds below 2**63; requests state the integers JSON readers hold exactly.
+SEED_MAX = INT_MAX
 
 # ---------------------------------------------------------------- ask
 
 
 class AskIn(Request):
-    question: str = Field(min_length=1, max_length=4000)
+    question: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
     # retrieval knobs, as in the search route
     k: int | None = Field(None, ge=1, le=200, description="passages to retrieve")
     ef_search: int | None = Field(None, ge=1, le=10_000)
@@ -38,10 +40,10 @@ class AskIn(Request):
     budget_ms: float | None = Field(None, gt=0, le=600_000, description="whole-request budget")
     stream: bool = False
 
-    @field_validator("question")
+    @field_validator("question", mode="before")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
+    def _not_blank(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
             raise ValueError("question is empty")
         return v
 
@@ -98,11 +100,36 @@ class AskOut(BaseModel):
 MAX_MESSAGE_CHARS = 32_000
 MAX_MESSAGES_CHARS = 64_000
 MAX_MESSAGES = 256
+_VISIBLE = re.compile(NOT_BLANK)
+# JSON Schema of a message with visible text from the user (`contains` of `messages`).
+USER_TURN: dict[str, Any] = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"const": "user"},
+        "content": {
+            "anyOf": [
+                {"type": "string", "pattern": NOT_BLANK},
+                {
+                    "type": "array",
+                    "contains": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {
+                            "type": {"const": "text"},
+                            "text": {"type": "string", "pattern": NOT_BLANK},
+                        },
+                    },
+                },
+            ]
+        },
+    },
+}
 
 
 class ContentPart(BaseModel):
     # Other part kinds (images, audio) carry fields of their own: accepted and ignored.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: str = Field(min_length=1, max_length=32)
     text: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
 
@@ -115,6 +142,15 @@ class ChatMessage(Request):
         | None
     ) = None
     name: str | None = Field(None, max_length=64)
+
+    def has_text(self) -> bool:
+        """Visible text, in the content or in one of its text parts (USER_TURN says the same)."""
+        if isinstance(self.content, str):
+            return _VISIBLE.match(self.content) is not None
+        return any(
+            p.type == "text" and p.text is not None and _VISIBLE.match(p.text) is not None
+            for p in self.content or ()
+        )
 
     def text(self) -> str:
         if self.content is None:
@@ -133,7 +169,9 @@ class ChatCompletionIn(Request):
     messages: list[ChatMessage] = Field(
         min_length=1,
         max_length=MAX_MESSAGES,
-        description=f"at most {MAX_MESSAGES_CHARS} characters of text in all",
+        description=f"at most {MAX_MESSAGES_CHARS} characters of text in all, and a user "
+        "message with text among them (the last such one is the question)",
+        json_schema_extra={"contains": USER_TURN},
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -155,12 +193,21 @@ class ChatCompletionIn(Request):
 
     @model_validator(mode="after")
     def _bounded_text(self) -> ChatCompletionIn:
+        if self.question() is None:
+            raise ValueError("messages: a user message with text is needed")
         total = sum(len(m.text()) for m in self.messages)
         if total > MAX_MESSAGES_CHARS:
             raise ValueError(
                 f"messages hold {total} characters of text; the limit is {MAX_MESSAGES_CHARS}"
             )
         return self
+
+    def question(self) -> str | None:
+        """The text of the last user message that has some (what a grounded answer answers)."""
+        for m in reversed(self.messages):
+            if m.role == "user" and m.has_text():
+                return m.text()
+        return None
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -14,17 +14,22 @@ from rag.errors import Invalid
 
 @dataclass(frozen=True)
 class Param:
-    kind: type[int] | type[float] | type[bool]
+    kind: type[int] | type[float] | type[bool] | type[str]
     low: float | None = None
     high: float | None = None
     nullable: bool = False  # None means "the backend's own default"
     doc: str = ""
+    choices: tuple[str, ...] = ()  # for str: the values it takes
 
     def check(self, index_kind: str, name: str, value: object) -> None:
         where = f"{index_kind} parameter {name!r}"
         if value is None:
             if not self.nullable:
                 raise Invalid(f"{where} must not be null")
+            return
+        if self.kind is str:
+            if value not in self.choices:
+                raise Invalid(f"{where} must be one of {', '.join(self.choices)}")
             return
         if self.kind is bool:
             if not isinstance(value, bool):
@@ -60,6 +65,31 @@ def check(index_kind: str, schema: Schema, params: Mapping[str, Any]) -> dict[st
         spec.check(index_kind, name, value)
         out[name] = int(value) if spec.kind is int and value is not None else value
     return out
+
+
+def json_schema(schema: Schema) -> dict[str, Any]:
+    """The parameters as a JSON Schema object (for /openapi.json)."""
+    properties: dict[str, Any] = {}
+    for name, p in schema.items():
+        if p.kind is str:
+            one: dict[str, Any] = {"type": "string", "enum": list(p.choices)}
+        elif p.kind is bool:
+            one = {"type": "boolean"}
+        else:
+            one = {"type": "integer" if p.kind is int else "number"}
+            if p.low is not None:
+                one["minimum"] = p.low
+            if p.high is not None:
+                one["maximum"] = p.high
+        if p.doc:
+            one["description"] = p.doc
+        properties[name] = {"anyOf": [one, {"type": "null"}]} if p.nullable else one
+    return {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "maxProperties": len(properties),
+    }
 
 
 def _n(bound: float | None) -> str:

@@ -170,11 +170,20 @@ def _sniff_family(data: bytes) -> str:
         if _is_docx(data):
             return DOCX
         raise UnsupportedMediaType("a zip archive that is not a .docx document is not supported")
-    if not data.startswith((b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf")):
-        for magic, what in _KNOWN_BINARY:
-            if data.startswith(magic):
-                raise UnsupportedMediaType(f"the file is {what}, which is not supported")
-    decode_text(data)
+    if data.startswith(b"{\\rtf"):  # RTF is text, but markup we do not parse
+        raise UnsupportedMediaType("the file is an RTF document, which is not supported")
+    try:
+        decode_text(data)
+    except UnsupportedMediaType:
+        # Binary after all: say what it is when its magic number tells. (Only then: text that
+        # merely starts like one, "MZ Wallace opened...", is text.)
+        if not data.startswith((b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf")):
+            for magic, what in _KNOWN_BINARY:
+                if data.startswith(magic):
+                    raise UnsupportedMediaType(
+                        f"the file is {what}, which is not supported"
+                    ) from None
+        raise
     return "text"
 
 

@@ -214,6 +214,11 @@ def test_kind_milvus_needs_a_configured_server(
     make_api: Callable[..., Api], sqlite_url, hash_embedder
 ) -> None:  # type: ignore[no-untyped-def]
     api = make_api(sqlite_url, hash_embedder)
-    cid = api.collection(api.a, **MILVUS)
-    r = api.client.post(f"/v1/collections/{cid}/search", json={"query": "x"}, headers=api.a)
+    # Refused as the collection is made (or rebuilt into milvus), not at its first search.
+    r = api.client.post("/v1/collections", json={"name": "m", **MILVUS}, headers=api.a)
+    assert r.status_code == 422 and "RAG_MILVUS__URI" in r.text
+    cid = api.collection(api.a)
+    r = api.client.post(
+        f"/v1/collections/{cid}/index/rebuild", json={"kind": "milvus"}, headers=api.a
+    )
     assert r.status_code == 422 and "RAG_MILVUS__URI" in r.text

@@ -34,6 +34,11 @@ def chat_api(make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any) 
         {"stop": [""]},
         {"stop": "z" * 65},
         {"seed": 10**30},
+        {"seed": 2**53},
+        {"messages": [{"role": "assistant", "content": "no user turn"}]},
+        {"messages": [{"role": "user", "content": "   "}]},
+        {"temperature": True},
+        {"stream": 0},
         {"seed": -1},
         {"presence_penalty": 2.5},
         {"frequency_penalty": -3},
@@ -56,7 +61,7 @@ def test_chat_out_of_bounds_is_422_before_the_generator(chat_api: Api, body: dic
 
 def test_chat_within_bounds_is_answered(chat_api: Api) -> None:
     r = _chat(
-        chat_api, stop=["a" * 64] * 8, seed=2**63 - 1, presence_penalty=-2, top_k=40, user="me"
+        chat_api, stop=["a" * 64] * 8, seed=2**53 - 1, presence_penalty=-2, top_k=40, user="me"
     )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "hi"

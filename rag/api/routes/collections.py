@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 
 from rag import quota as quotas
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
-from rag.api.openapi import AUTHENTICATED, errors
+from rag.api.openapi import AUTHENTICATED, available_kinds, errors
 from rag.api.schemas import (
     CollectionCreate,
     CollectionList,
@@ -16,11 +16,21 @@ from rag.api.schemas import (
     SearchDefaultsIn,
 )
 from rag.db import collections
+from rag.errors import Invalid
 from rag.index import check_params
+from rag.services import Services
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=AUTHENTICATED)
 
 CollectionId = Annotated[str, Path(max_length=64)]
+
+
+def index_spec(services: Services, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters, checked for the kind (nothing allocated); a kind this deployment
+    cannot build (milvus without RAG_MILVUS__URI) is refused too."""
+    if kind != "auto" and kind not in available_kinds(services.settings):
+        raise Invalid(f"index kind {kind!r} is not available here (it needs RAG_MILVUS__URI)")
+    return check_params(kind, params)
 
 
 @router.post("", status_code=201, response_model=CollectionOut, responses=errors(403, 409, 413))
@@ -34,7 +44,7 @@ async def create_collection(
     overlap = min(overlap, tokens // 2)
     # Refuse unknown or out-of-range build parameters now (nothing is allocated), not at the
     # first search.
-    params = check_params(body.index.kind, dict(body.index.params))
+    params = index_spec(services, body.index.kind, dict(body.index.params))
 
     def create() -> CollectionOut:
         with services.db.write() as session:
@@ -120,6 +130,10 @@ async def set_search_defaults(
     """The knobs a search uses when the request leaves them out (`rag tune --apply` sets
     these from measurements)."""
 
+    max_k = services.settings.search.max_k
+    if body.k is not None and body.k > max_k:  # what /openapi.json states for this service
+        raise Invalid(f"k must be between 1 and {max_k}, got {body.k}")
+
     def store() -> CollectionOut:
         with services.db.write() as session:
             c = collections.get(session, principal.tenant_id, collection_id, lock=True)
@@ -156,7 +170,7 @@ async def rebuild_index(
             )
             # Checked before anything is allocated (and inside the transaction, before the
             # row is changed).
-            params = check_params(kind, dict(params))
+            params = index_spec(services, kind, dict(params))
             collections.set_index_spec(session, c, kind, params)
         services.indexes.rebuild(collection_id, None if kind == "auto" else kind, params)
         state = services.indexes.state(collection_id)

@@ -10,6 +10,7 @@ from starlette.datastructures import UploadFile
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, document, errors
 from rag.api.schemas import (
+    MAX_META_KEYS,
     AcceptedDocument,
     ChunkList,
     ChunkOut,
@@ -32,6 +33,12 @@ CollectionId = Annotated[str, Path(max_length=64)]
 DocumentId = Annotated[str, Path(max_length=64)]
 document(TextDocumentIn, TextDocumentsIn)
 
+_FILES = {
+    "type": "array",
+    "items": {"type": "string", "format": "binary", "minLength": 1},
+    "minItems": 1,
+    "maxItems": 100,
+}
 UPLOAD_DOC = {
     "requestBody": {
         "content": {
@@ -39,11 +46,26 @@ UPLOAD_DOC = {
                 "schema": {
                     "type": "object",
                     "properties": {
-                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
-                        "metadata": {"type": "string", "description": "a JSON object"},
+                        "files": _FILES,
+                        "metadata": {
+                            "type": "object",
+                            "description": "given to every file of the request",
+                            "maxProperties": MAX_META_KEYS,
+                            "propertyNames": {"minLength": 1, "maxLength": 100},
+                            "additionalProperties": {
+                                "anyOf": [
+                                    {"type": "string", "maxLength": 400},
+                                    {"type": "number", "minimum": -1e300, "maximum": 1e300},
+                                    {"type": "boolean"},
+                                    {"type": "null"},
+                                ]
+                            },
+                        },
                     },
                     "required": ["files"],
-                }
+                    "additionalProperties": False,
+                },
+                "encoding": {"metadata": {"contentType": "application/json"}},
             },
             "application/json": {
                 "schema": {
@@ -108,10 +130,10 @@ async def _read_multipart(request: Request, services: Services, limit: int) -> l
         raise Invalid(f"malformed multipart body: {exc}") from None
     try:
         meta = _parse_meta(form.get("metadata"))
-        unknown = set(form.keys()) - {"files", "file", "metadata"}
+        unknown = set(form.keys()) - {"files", "metadata"}
         if unknown:
-            raise Invalid(f"unknown form fields: {sorted(unknown)}")
-        uploads = [f for f in form.getlist("files") + form.getlist("file")]
+            raise Invalid(f"unknown form fields: {sorted(unknown)[:8]}")
+        uploads = list(form.getlist("files"))
         if not uploads:
             raise Invalid("no files: send them in the multipart field 'files'")
         out = []
@@ -142,16 +164,28 @@ def _parse_meta(raw: object) -> dict[str, Any]:
 
 
 def _check_meta(meta: object) -> dict[str, Any]:
+    """What TextDocumentIn.metadata says, for metadata that comes as a form field."""
     if not isinstance(meta, dict):
         raise Invalid("metadata must be a JSON object")
+    if len(meta) > MAX_META_KEYS:
+        raise Invalid(f"metadata has more than {MAX_META_KEYS} keys")
     for key, value in meta.items():
         if not isinstance(key, str) or not key or len(key) > 100:
             raise Invalid("metadata keys must be strings of 1-100 characters")
         if not isinstance(value, (str, int, float, bool, type(None))):
             raise Invalid(f"metadata value for {key!r} must be a string, number or boolean")
-    if len(json.dumps(meta)) > 16_384:
-        raise Invalid("metadata is larger than 16 KiB")
+        if isinstance(value, str) and len(value) > 400:
+            raise Invalid(f"metadata value for {key!r} is longer than 400 characters")
+        if _out_of_range(value):
+            raise Invalid(f"metadata value for {key!r} is out of range")
     return meta
+
+
+def _out_of_range(value: object) -> bool:
+    """A number JSON readers would not agree on (NaN and infinities among them)."""
+    if isinstance(value, bool) or not isinstance(value, float | int):
+        return False
+    return not -1e300 <= value <= 1e300
 
 
 def _read_json(raw: bytes, limit: int) -> list[Incoming]:

@@ -141,8 +141,8 @@ async def _complete(
     """The answer, holding the tenant's slot: released here, or by the stream when it ends."""
     collection = await pools.db.run(_find_collection, services, tenant_id, body.model)
     if collection is not None:
-        question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
-        if not question.strip():
+        question = body.question()
+        if question is None:  # the schema already says so
             raise Invalid("messages: no user message with text to answer")
         req = AskRequest(question, Knobs(k=body.k), None, params, body.budget_ms)
         prep = await prepare_answer(services, tenant_id, collection.id, req)

@@ -41,6 +41,7 @@ from rag.index.milvus.engine import (
     translated,
 )
 from rag.index.milvus.filters import ID_LIST_MAX, Where, expression, id_list
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,16 @@ class MilvusIndex:
     shared = True  # one copy for every replica, kept by one writer at a time
     wants_attributes = True  # rows carry their document id and metadata (for filters)
     filters_inside = True  # so `search` takes a `where` and evaluates it in Milvus
+    # What it takes, with the bounds __init__ holds them to (rag.index.params; the API checks
+    # requests against these before anything is built).
+    param_schema = {
+        "index_type": Param(str, choices=INDEX_TYPES, doc="Milvus's index type"),
+        "m": Param(int, 2, 128, doc="HNSW links per node"),
+        "ef_construction": Param(int, 1, 4096, doc="HNSW candidate list while building"),
+        "nlist": Param(int, 1, 65_536, doc="IVF lists"),
+        "ef_search": Param(int, 1, LIMIT_MAX, nullable=True, doc="default HNSW candidates"),
+        "nprobe": Param(int, 1, 65_536, nullable=True, doc="default IVF lists scanned"),
+    }
 
     def __init__(
         self,
