@@ -144,6 +144,7 @@ def assemble(
         attention_kernel=settings.cpu_attention_kernel,
         cuda_graphs=settings.cuda_graphs,
         passages=passages,
+        token_texts=tokenizer.token_texts,
     )
     bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
     spec = (

@@ -118,6 +118,10 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Seq[int]) -> str: ...
 
+    def token_texts(self) -> Seq[str]:
+        """Every token's text on its own, by id (the citation mask reads them)."""
+        ...
+
 
 def messages_of(prompt: Prompt) -> str | list[dict[str, str]]:
     """The prompt as a plain completion prompt or chat messages (segments dropped)."""

@@ -123,6 +123,14 @@ class RemoteEngine:
             body["stop"] = list(p.stop)
         if p.top_k:
             body["top_k"] = p.top_k  # vLLM extension
+        if p.frequency_penalty:
+            body["frequency_penalty"] = p.frequency_penalty
+        if p.presence_penalty:
+            body["presence_penalty"] = p.presence_penalty
+        if p.repetition_penalty != 1.0:
+            body["repetition_penalty"] = p.repetition_penalty  # vLLM extension
+        # The citation mask and the repetition stop are the local engine's: a remote server
+        # is not told (its markers are still checked against the passages given).
         if isinstance(prompt, str):
             return "/completions", {**body, "prompt": prompt}
         return "/chat/completions", {**body, "messages": prompt}

@@ -4,6 +4,7 @@ ModelRunnerOutput). The only module that builds tensors."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import torch
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
 from rag.engine.model import AttentionMetadata, LlamaModel, rotate_keys
 from rag.engine.passages import Entry, PassageKVCache
+from rag.engine.rules import LogitRules
 from rag.engine.sampler import Sampler
 from rag.engine.scheduler import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 
@@ -55,6 +57,7 @@ class ModelRunner:
         attention_kernel: bool = False,
         cuda_graphs: bool = False,
         passages: PassageKVCache | None = None,
+        token_texts: Callable[[], Sequence[str]] | None = None,
     ):
         self.model = model
         self.device = device
@@ -69,6 +72,7 @@ class ModelRunner:
             spec.block_size, cfg.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.sampler = Sampler(device)
+        self.rules = LogitRules(token_texts)
         self.passages = passages
         # Decode attention: the compiled kernel where it applies (CPU, float32), Triton on
         # CUDA, else the torch path.
@@ -115,6 +119,8 @@ class ModelRunner:
         plain: list[tuple[ScheduledChunk, int]] = []
         at = 0
         for chunk, chunk_rows in wanted:
+            if chunk.params.needs_history:
+                self._apply_rules(logits[at : at + len(chunk_rows)], chunk)
             if chunk.num_draft:
                 drafts = chunk.token_ids[-chunk.num_draft :]
                 tokens = self.sampler.verify(
@@ -131,6 +137,14 @@ class ModelRunner:
             )
             sampled.update({c.request_id: t for (c, _), t in zip(plain, tokens, strict=True)})
         return ModelRunnerOutput(sampled=sampled, accepted=accepted)
+
+    def _apply_rules(self, logits: torch.Tensor, chunk: ScheduledChunk) -> None:
+        """Penalties and the citation mask on a chunk's rows: row i comes after the output so
+        far and the chunk's first i drafts."""
+        generated = chunk.history[chunk.num_prompt :] if chunk.history is not None else []
+        drafts = chunk.token_ids[len(chunk.token_ids) - chunk.num_draft :]
+        for i in range(logits.shape[0]):
+            self.rules.apply(logits[i], chunk.params, [*generated, *drafts[:i]])
 
     def _prepare(
         self, chunks: list[ScheduledChunk]

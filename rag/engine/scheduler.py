@@ -67,6 +67,7 @@ class ScheduledChunk:
     # The sequence's tokens so far (prompt and output) when a sampler needs them (penalties,
     # drafts); None otherwise.
     history: list[int] | None = None
+    num_prompt: int = 0  # where the output starts in history
     # Passage KV reuse: the positions of token_ids when they are not contiguous (the tokens
     # a prompt computes around its reused passages), the cached passages to copy in before
     # the step (key, position, tokens), and the passages to store after it (key, position,
@@ -410,6 +411,7 @@ class Scheduler:
             params=seq.params,
             num_draft=len(drafts),
             history=seq.token_ids if drafts or seq.params.needs_history else None,
+            num_prompt=seq.num_prompt_tokens,
             stores=plan.stores if completes and plan is not None else (),
         )
 

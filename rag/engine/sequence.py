@@ -38,6 +38,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Over generated tokens only (rag.engine.rules): OpenAI's frequency and presence
+    # penalties, and transformers' repetition penalty (1 = off).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # > 0: the answer cites passages 1..cite_passages; a marker "[" may hold nothing else.
+    cite_passages: int = 0
+    # End the answer (finish reason "repetition") when its last REPEAT_NGRAM tokens were
+    # generated before, in that order: a loop.
+    stop_repetition: bool = False
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience; keep the dataclass hashable.
@@ -54,7 +64,12 @@ class SamplingParams:
     @property
     def needs_history(self) -> bool:
         """The sampler needs the sequence's tokens (penalties look at what was generated)."""
-        return False
+        return bool(
+            self.frequency_penalty
+            or self.presence_penalty
+            or self.repetition_penalty != 1.0
+            or self.cite_passages
+        )
 
     def validate(self, max_model_len: int | None) -> None:
         """Raise InvalidRequest if these parameters cannot be served (`max_model_len` None:
@@ -76,6 +91,16 @@ class SamplingParams:
             raise InvalidRequest(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequest(f"{name} must be between -2 and 2, got {value}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise InvalidRequest(
+                f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
+            )
+        if not 0 <= self.cite_passages <= 1000:
+            raise InvalidRequest(f"cite_passages must be 0..1000, got {self.cite_passages}")
 
 
 @dataclass(frozen=True)
@@ -120,9 +145,13 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or the context length
     CANCELLED = "cancelled"
     ERROR = "error"
+    REPETITION = "repetition"  # the answer began to repeat itself (stop_repetition)
 
 
 _ids = itertools.count()
+
+# A loop: this many generated tokens, repeated in order (a sentence of ~8 words said twice).
+REPEAT_NGRAM = 10
 
 
 @dataclass(eq=False)
@@ -150,6 +179,7 @@ class Sequence:
     first_token_time: float | None = None  # its prefill ended: the first token was sampled
     seq_no: int = field(default_factory=lambda: next(_ids))
     spec: SpecState | None = None  # speculative decoding state, when drafting
+    _ngrams: set[tuple[int, ...]] | None = None  # stop_repetition: the output's n-grams
     # Prefix-cache blocks are shared only among sequences with the same salt (the tenant),
     # so one tenant cannot probe another's recent prompts through cache hits.
     cache_salt: str | None = None
@@ -200,7 +230,24 @@ class Sequence:
             return FinishReason.LENGTH
         if self.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
+        if self.params.stop_repetition and self._repeats():
+            return FinishReason.REPETITION
         return None
+
+    def _repeats(self) -> bool:
+        """Whether the last REPEAT_NGRAM generated tokens appeared before among the generated
+        ones (each appended token's n-gram is remembered)."""
+        n = REPEAT_NGRAM
+        out = self.num_output_tokens
+        if out < n:
+            return False
+        if self._ngrams is None:
+            self._ngrams = set()
+        gram = tuple(self.token_ids[-n:])
+        if gram in self._ngrams:
+            return True
+        self._ngrams.add(gram)
+        return False
 
 
 @dataclass(frozen=True)

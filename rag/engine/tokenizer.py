@@ -14,6 +14,7 @@ class HFTokenizer:
 
     def __init__(self, tokenizer: Any):
         self.tok = tokenizer
+        self._texts: list[str] | None = None
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         return self.encode_segments(prompt)[0]
@@ -47,6 +48,13 @@ class HFTokenizer:
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False).input_ids) if text else []
+
+    def token_texts(self) -> list[str]:
+        """Every token's text on its own (index = token id), for the citation mask."""
+        if self._texts is None:
+            size = len(self.tok)
+            self._texts = [str(t) for t in self.tok.batch_decode([[i] for i in range(size)])]
+        return self._texts
 
     def decode(self, token_ids: Seq[int]) -> str:
         return str(self.tok.decode(list(token_ids), skip_special_tokens=True))

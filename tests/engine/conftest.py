@@ -37,6 +37,9 @@ class CharTokenizer:
     def decode(self, token_ids: Seq[int]) -> str:
         return "".join(chr(t) for t in token_ids)
 
+    def token_texts(self) -> list[str]:
+        return [chr(i) for i in range(256)]
+
 
 class CountingRunner:
     """Answers each sampled chunk with its last token + 1; records what it was asked."""

@@ -138,3 +138,28 @@ def test_int4_computes_with_the_ggufs_own_weights(smollm, expected):
         assert [ids for ids, _ in got] == expected
     finally:
         int4.close()
+
+
+def test_markers_the_real_model_writes_point_to_passages_it_was_given(smollm):
+    """With the real tokenizer's vocabulary: where the model would cite a passage [7] it
+    was never given, with the mask it may write only [1] or [2]."""
+    import re
+
+    prompt = [
+        {"role": "system", "content": "Answer from the passages. Cite them as [n]."},
+        {"role": "user", "content": "[1] Cats sleep a lot. [2] Dogs bark. [7] The Nile flows "
+         "into the Mediterranean Sea. Question: Where does the Nile flow? Cite the passage "
+         "number."},
+    ]  # fmt: skip
+
+    async def answer(params: SamplingParams) -> str:
+        text = ""
+        async for ev in smollm.submit(prompt, params):
+            text += ev.text
+        return text
+
+    free = asyncio.run(answer(SamplingParams(max_tokens=40)))
+    masked = asyncio.run(answer(SamplingParams(max_tokens=40, cite_passages=2)))
+    assert "[7]" in free  # the test would catch a mask that does nothing
+    numbers = [int(n) for m in re.findall(r"\[([\d, ]+)\]", masked) for n in m.split(",")]
+    assert numbers and all(n in (1, 2) for n in numbers), masked
