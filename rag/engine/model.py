@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch import nn
 
 from rag.engine.kernels import PagedDecode
@@ -86,9 +87,13 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] long (padded with 0)
     decode_bias: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size]: 0 or -inf
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (q_start, q_len, ctx_len, blocks)
-    # [q_len, ctx_len] bool, True = visible (causal over the positions); None: the chunk is
-    # positions 0..q_len-1 and sees only itself
-    prefill_biases: list[torch.Tensor | None]
+    # Per prefill, its queries as runs of consecutive positions (offset in the chunk, length,
+    # the position after the run's last): each run sees every position before its own end,
+    # causally (the flash kernel's lower-right causal mask, no mask tensor). None: the chunk
+    # is positions 0..q_len-1 and sees only itself.
+    prefill_runs: list[tuple[tuple[int, int, int], ...] | None] | None = None
+    # An explicit [q_len, ctx_len] visibility mask instead, where given (True = visible).
+    prefill_biases: list[torch.Tensor | None] | None = None
     # The compiled decode kernel (rag.engine.kernels) and what it reads instead of the bias:
     # each decode's context length, [B] long. None: the torch path below.
     decode_kernel: PagedDecode | None = None
@@ -183,24 +188,36 @@ class Attention(nn.Module):
         b = meta.num_decodes
         if b:
             out[:b] = self._decode(q[:b], k_cache, v_cache, meta)
-        for (q_start, q_len, ctx, blocks), bias in zip(
-            meta.prefills, meta.prefill_biases, strict=True
+        biases = meta.prefill_biases or [None] * len(meta.prefills)
+        all_runs = meta.prefill_runs or [None] * len(meta.prefills)
+        for (q_start, q_len, ctx, blocks), runs, bias in zip(
+            meta.prefills, all_runs, biases, strict=True
         ):
             qp = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if bias is None:
+            if runs is None and bias is None:
                 # Nothing cached before this chunk: attend to the chunk's own K/V.
                 kp = k[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, q, D]
                 vp = v[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
                 op = F.scaled_dot_product_attention(
                     qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True
                 )
-            else:
-                kp = _context(k_cache, blocks, ctx).unsqueeze(0)  # [1, Hkv, L, D]
-                vp = _context(v_cache, blocks, ctx).unsqueeze(0)
+                out[q_start : q_start + q_len] = op[0].transpose(0, 1)
+                continue
+            kp = _context(k_cache, blocks, ctx).unsqueeze(0)  # [1, Hkv, L, D]
+            vp = _context(v_cache, blocks, ctx).unsqueeze(0)
+            if bias is not None:
                 op = F.scaled_dot_product_attention(
                     qp, kp, vp, attn_mask=bias, scale=self.scale, enable_gqa=True
                 )  # [1, H, q, D]
-            out[q_start : q_start + q_len] = op[0].transpose(0, 1)
+                out[q_start : q_start + q_len] = op[0].transpose(0, 1)
+                continue
+            assert runs is not None
+            for offset, n, end in runs:
+                op = F.scaled_dot_product_attention(
+                    qp[:, :, offset : offset + n], kp[:, :, :end], vp[:, :, :end],
+                    attn_mask=causal_lower_right(n, end), scale=self.scale, enable_gqa=True,
+                )  # fmt: skip
+                out[q_start + offset : q_start + offset + n] = op[0].transpose(0, 1)
         return self.o_proj(out.view(t, h * d))  # [T, E]
 
     def _decode(

@@ -29,6 +29,17 @@ class KVCacheSpec:
     block_size: int
 
 
+def position_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """Sorted positions as runs of consecutive ones: (offset, length, last position + 1)."""
+    out = []
+    start = 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            out.append((start, i - start, positions[i - 1] + 1))
+            start = i
+    return tuple(out)
+
+
 def kv_rows(block_table: list[int], positions: range, block_size: int, hkv: int) -> list[int]:
     """Rows of (token, KV head) pairs in a layer's cache viewed as [NB * Hkv * BS, D], in
     token-major order."""
@@ -195,7 +206,7 @@ class ModelRunner:
                 decode_bias = decode_bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
                 # decode_bias: [B, 1, 1, L]
         meta_prefills = []
-        biases: list[torch.Tensor | None] = []
+        runs: list[tuple[tuple[int, int, int], ...] | None] = []
         q_start = num_decodes
         for c in prefills:
             n = len(c.token_ids)
@@ -203,15 +214,11 @@ class ModelRunner:
             nblocks = -(-ctx_len // bs)
             meta_prefills.append((q_start, n, ctx_len, t(c.block_table[:nblocks])))
             if c.start_pos == 0 and c.positions is None:
-                biases.append(None)  # plain causal over the chunk itself
+                runs.append(None)  # plain causal over the chunk itself
+            elif c.positions is None:
+                runs.append(((0, n, ctx_len),))  # one run after the cached positions
             else:
-                # Query i (at position p_i) sees positions 0..p_i, cached or computed now.
-                if c.positions is not None:
-                    q_pos = t(c.positions)
-                else:
-                    q_pos = torch.arange(c.start_pos, c.start_pos + n, device=dev)
-                ctx_pos = torch.arange(ctx_len, device=dev)
-                biases.append(ctx_pos[None, :] <= q_pos[:, None])
+                runs.append(position_runs(c.positions))
             q_start += n
         # Row of each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D].
         hkv = self.model.cfg.num_kv_heads
@@ -224,7 +231,7 @@ class ModelRunner:
             decode_block_tables=decode_tables,
             decode_bias=decode_bias,
             prefills=meta_prefills,
-            prefill_biases=biases,
+            prefill_runs=runs,
             decode_kernel=self.decode_kernel if num_decodes else None,
             decode_context_lens=ctx,
         )

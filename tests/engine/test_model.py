@@ -159,3 +159,45 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path(monkeypatch, caplog):
     _, ours = tiny_pair()
     runner = ModelRunner(ours, KVCacheSpec(8, 4), torch.device("cpu"), attention_kernel=True)
     assert runner.decode_kernel is None
+
+
+def test_sparse_prefill_runs_attend_as_the_explicit_causal_mask():
+    """A chunk of scattered positions over a cached context: attended as runs of consecutive
+    positions with the lower-right causal kernel, the same as with the [q, ctx] mask."""
+    from rag.engine.model import Attention, AttentionMetadata, ModelConfig
+    from rag.engine.runner import position_runs
+
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_dim, block_size, num_blocks = 6, 2, 8, 4, 16
+    cfg = ModelConfig(
+        vocab_size=8, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+    )  # fmt: skip
+    attention = Attention(cfg)
+    positions = [0, 1, 2, 9, 10, 11, 12, 30, 31, 40]
+    assert position_runs(positions) == ((0, 3, 3), (3, 4, 13), (7, 2, 32), (9, 1, 41))
+    ctx = positions[-1] + 1
+    blocks = torch.arange(-(-ctx // block_size))
+    x = torch.randn(len(positions), cfg.hidden_size, generator=gen)
+    pos = torch.tensor(positions)
+    angles = pos[:, None].float() * torch.rand(head_dim // 2, generator=gen)[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    slots = pos
+    heads_t = torch.arange(kv_heads)
+    rows = ((slots[:, None] // block_size) * kv_heads + heads_t) * block_size + slots[:, None] % 4
+
+    def run(**kw):  # type: ignore[no-untyped-def]
+        cache = torch.randn(
+            2, num_blocks, kv_heads, block_size, head_dim, generator=gen.manual_seed(7)
+        )
+        meta = AttentionMetadata(
+            kv_rows=rows.flatten(), num_decodes=0, decode_block_tables=None, decode_bias=None,
+            prefills=[(0, len(positions), ctx, blocks)], **kw,
+        )  # fmt: skip
+        with torch.inference_mode():
+            return attention(x, cos, sin, cache, meta)
+
+    mask = torch.arange(ctx)[None, :] <= pos[:, None]
+    by_runs = run(prefill_runs=[position_runs(positions)])
+    by_mask = run(prefill_biases=[mask])
+    torch.testing.assert_close(by_runs, by_mask, rtol=1e-5, atol=1e-5)
