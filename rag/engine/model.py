@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from rag.engine.kernels import PagedDecode
 
