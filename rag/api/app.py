@@ -26,6 +26,8 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         svc = services or build_services(settings)
         app.state.services = svc
         svc.start()
+        if settings.engine.load_at_start:
+            svc.load_engine()
         try:
             yield
         finally:

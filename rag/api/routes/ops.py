@@ -45,9 +45,10 @@ def readyz(services: ServicesDep) -> JSONResponse:
     vector index is caught up with the change log (its last catch-up finished, at most a
     batch behind). An index being rebuilt is counted, not a failure: its old generation
     serves until the new one is swapped in, so one tenant's rebuild never takes the replica
-    out. The generator is built on the first ask, so `generator.loaded` is reported, not
-    required. 200 with the checks, or 503 with the same body saying what failed (counts,
-    never collection ids). Needs no API key."""
+    out. The generator is built in the background as the service starts (or on the first
+    ask), so `generator.loaded` and `generator.loading` are reported, not required. 200 with
+    the checks, or 503 with the same body saying what failed (counts, never collection ids).
+    Needs no API key."""
     checks = readiness(services)
     ready = all(c["ok"] for c in checks.values())
     body = {"status": "ready" if ready else "not ready", "checks": checks}
@@ -67,9 +68,13 @@ def readiness(services: Services) -> dict[str, dict[str, Any]]:
         checks["embedder"] = {"ok": dim > 0, "model": services.embedder.model_id, "dim": dim}
     except Exception as exc:
         checks["embedder"] = {"ok": False, "error": f"embedding model not loaded: {exc}"}
-    # Loaded on first use (an ingest-only process never loads it): whether the next ask
-    # pays the load is worth knowing, but it is not a reason to refuse traffic.
-    checks["generator"] = {"ok": True, "loaded": services.engine_loaded}
+    # Loaded in the background at start (an ingest-only process never loads it): whether the
+    # next ask waits for the load is worth knowing, but it is not a reason to refuse traffic.
+    checks["generator"] = {
+        "ok": True,
+        "loaded": services.engine_loaded,
+        "loading": services.engine_loading,
+    }
     checks["indexes"] = _indexes(services, database_ok=checks["database"]["ok"])
     return checks
 
