@@ -192,11 +192,13 @@ class ApiSettings(_Section):
     max_json_body_kb: int = Field(1024, ge=16, le=65_536)
     # The service's own threads for the blocking work of requests (rag.api.pools): searches,
     # other database work (listings, collections, documents, jobs) and key lookups. A request
-    # that finds its kind's threads busy and `thread_queue` others waiting gets 429 at once.
+    # that finds its kind's threads busy waits in its tenant's line (tenants take turns); it
+    # gets 429 at once when `thread_queue` requests wait, or `tenant_queue` of its tenant's.
     search_threads: int = Field(8, ge=1, le=1024)
     db_threads: int = Field(8, ge=1, le=1024)
     auth_threads: int = Field(4, ge=1, le=1024)
     thread_queue: int = Field(64, ge=0, le=100_000)
+    tenant_queue: int = Field(16, ge=0, le=100_000)
     # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
     max_long_polls: int = Field(256, ge=1, le=100_000)
     # How often a long poll looks at its job: first after `long_poll_first_s`, then less

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from rag.api.pools import Pools
+from rag.api.pools import Pools, current_tenant
 from rag.auth import Principal, authenticate
 from rag.services import Services
 
@@ -34,9 +34,13 @@ async def current_principal(
     # A key seen in the last moment resolves here, on the event loop; anything else (a new
     # key, a wrong one) goes to the database on a key-lookup thread (429 when all are busy).
     principal = services.key_cache.get(authorization)
-    if principal is not None:
-        return principal
-    return await pools.auth.run(authenticate, services.db, authorization, services.key_cache)
+    if principal is None:
+        principal = await pools.auth.run(
+            authenticate, services.db, authorization, services.key_cache
+        )
+    # The route runs in this context: its pool work waits in this tenant's line.
+    current_tenant.set(principal.tenant_id)
+    return principal
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

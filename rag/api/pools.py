@@ -1,11 +1,15 @@
-"""The service's own bounded thread pools for the blocking work of requests, refused early.
+"""The service's own bounded thread pools for the blocking work of requests, fair across
+tenants and refused early.
 
 FastAPI runs every sync route and dependency in anyio's one default pool of 40 threads, with
-an unbounded queue in front: a burst of slow listings there delays every search and every key
-lookup behind it, and nothing says "try later". Here each kind of work has its own threads
-(`search`, `db` for listings and other short SQL, `auth` for key lookups), sized in Settings,
-and a request that finds its kind's threads busy and `queue` others already waiting is
-refused at once: 429 with Retry-After, before it waits or does anything.
+an unbounded first-come queue in front: a burst of slow listings there delays every search
+and every key lookup behind it, and nothing says "try later". Here each kind of work has its
+own threads (`search`, `db` for listings and other short SQL, `auth` for key lookups), sized
+in Settings. A request that finds them busy waits in its tenant's line, and a freed thread
+goes to the tenants' lines in turn, so a tenant with 60 searches waiting delays another
+tenant's search by one search, not sixty. A request is refused at once (429 with
+Retry-After, before it waits or does anything) when `queue` requests already wait, or its
+own tenant's line holds `tenant_queue`.
 
 Long-poll waiters are counted too: each holds a connection and polls the database, so there
 are at most `max_long_polls` at once.
@@ -13,8 +17,11 @@ are at most `max_long_polls` at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import functools
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -26,42 +33,95 @@ from rag.errors import Overloaded
 
 T = TypeVar("T")
 
+# The tenant a request acts for, once its key is known (set by rag.api.deps); None before.
+current_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "current_tenant", default=None
+)
+
 
 class Pool:
-    """`threads` threads and at most `queue` requests waiting for one."""
+    """`threads` threads; at most `queue` requests waiting for one, `tenant_queue` of them
+    from one tenant; waiting tenants served in turn."""
 
-    def __init__(self, name: str, threads: int, queue: int) -> None:
+    def __init__(self, name: str, threads: int, queue: int, tenant_queue: int) -> None:
         self.name = name
         self.threads = threads
         self.queue = queue
-        self.limiter = anyio.CapacityLimiter(threads)
-        self.admitted = 0  # running or waiting; changed on the event loop only
+        self.tenant_queue = tenant_queue
+        self.limiter = anyio.CapacityLimiter(threads)  # never waits: a slot is held first
+        self.busy = 0
+        # Lines of waiting requests by tenant, oldest line first; changed on the event loop.
+        self._lines: OrderedDict[str | None, deque[asyncio.Future[None]]] = OrderedDict()
+        self.waiting = 0
 
     @property
-    def full(self) -> bool:
-        return self.admitted >= self.threads + self.queue
+    def admitted(self) -> int:
+        """Requests running or waiting."""
+        return self.busy + self.waiting
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on one of this pool's threads, or Overloaded (429) when it is full."""
-        if self.full:
-            raise Overloaded(
-                f"too many requests are waiting for {self.name} threads; try again shortly",
-                retry_after_s=1.0,
-            )
-        self.admitted += 1
+        await self._acquire(current_tenant.get())
         try:
             call = functools.partial(fn, *args)
             return await anyio.to_thread.run_sync(call, limiter=self.limiter)
         finally:
-            self.admitted -= 1
+            self._release()
+
+    async def _acquire(self, tenant: str | None) -> None:
+        if self.busy < self.threads and not self.waiting:
+            self.busy += 1
+            return
+        line = self._lines.get(tenant)
+        if self.waiting >= self.queue or (line is not None and len(line) >= self.tenant_queue):
+            raise Overloaded(
+                f"too many requests are waiting for {self.name} threads; try again shortly",
+                retry_after_s=1.0,
+            )
+        if line is None:
+            line = self._lines[tenant] = deque()
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line.append(turn)
+        self.waiting += 1
+        try:
+            await turn  # granted by _release, with the slot already counted as busy
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._release()  # granted, then cancelled before it ran: pass it on
+            else:
+                self._forget(tenant, turn)
+            raise
+
+    def _release(self) -> None:
+        """A thread is free: it goes to the first request of the next tenant's line."""
+        while self._lines:
+            tenant, line = next(iter(self._lines.items()))
+            turn = line.popleft()
+            self.waiting -= 1
+            if line:
+                self._lines.move_to_end(tenant)  # its next request waits for the others'
+            else:
+                del self._lines[tenant]
+            if not turn.done():
+                turn.set_result(None)  # the slot passes on: busy stays as it is
+                return
+        self.busy -= 1
+
+    def _forget(self, tenant: str | None, turn: asyncio.Future[None]) -> None:
+        line = self._lines.get(tenant)
+        if line is not None and turn in line:
+            line.remove(turn)
+            self.waiting -= 1
+            if not line:
+                del self._lines[tenant]
 
 
 class Pools:
     def __init__(self, settings: ApiSettings) -> None:
-        queue = settings.thread_queue
-        self.search = Pool("search", settings.search_threads, queue)
-        self.db = Pool("database", settings.db_threads, queue)
-        self.auth = Pool("key lookup", settings.auth_threads, queue)
+        queue, mine = settings.thread_queue, settings.tenant_queue
+        self.search = Pool("search", settings.search_threads, queue, mine)
+        self.db = Pool("database", settings.db_threads, queue, mine)
+        self.auth = Pool("key lookup", settings.auth_threads, queue, queue)
         self.max_long_polls = settings.max_long_polls
         self.long_polls = 0
 

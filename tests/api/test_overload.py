@@ -69,10 +69,10 @@ def test_key_lookups_have_their_own_bounded_threads(sqlite_api: Api) -> None:
     pools = _pools(api, auth_threads=1, thread_queue=0)
     api.services.key_cache.ttl_s = 0  # every request looks its key up
     api.services.key_cache._entries.clear()
-    pools.auth.admitted = 1  # as if a lookup were running now
+    pools.auth.busy = 1  # as if a lookup were running now
     r = api.client.get("/v1/collections", headers=api.a)
     assert r.status_code == 429 and "key lookup" in r.json()["error"]["message"]
-    pools.auth.admitted = 0
+    pools.auth.busy = 0
     assert api.client.get("/v1/collections", headers=api.a).status_code == 200
 
 
@@ -197,3 +197,42 @@ def test_a_long_poll_stops_when_its_client_has_gone(
     portal.call(app, scope, receive, send)
     assert len(loads) == 1  # the first look, then it saw the client gone
     assert len(clock.pauses) == 1
+
+
+def test_tenants_take_turns_for_busy_threads() -> None:
+    from rag.api.pools import Pool, current_tenant
+    from rag.errors import Overloaded
+
+    order: list[str] = []
+    gate = threading.Event()
+
+    def work(name: str) -> None:
+        if name == "a0":
+            gate.wait(10)
+        order.append(name)
+
+    async def scenario() -> list[str]:
+        pool = Pool("search", threads=1, queue=10, tenant_queue=3)
+
+        async def submit(tenant: str, name: str) -> str:
+            current_tenant.set(tenant)
+            try:
+                await pool.run(work, name)
+                return "ok"
+            except Overloaded:
+                return "429"
+
+        tasks = []
+        for tenant, name in [("a", "a0"), ("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b0")]:
+            tasks.append(asyncio.create_task(submit(tenant, name)))
+            await asyncio.sleep(0.01)
+        refused = await submit("a", "a4")  # a's line is full; b's is not
+        assert refused == "429" and pool.waiting == 4
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        assert pool.busy == 0 and pool.waiting == 0
+        return results
+
+    assert asyncio.run(scenario()) == ["ok"] * 5
+    # b's one search waited for one of a's, not for all three.
+    assert order == ["a0", "a1", "b0", "a2", "a3"]

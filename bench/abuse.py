@@ -1,0 +1,674 @@
+"""One hostile client against eight honest ones: does a request-level attack hurt anyone else?
+
+    python bench/abuse.py            # 1,000 documents, 30 s a phase
+    python bench/abuse.py --quick    # 200 documents, 12 s a phase (< 10 min on 2 cores)
+    python bench/abuse.py --quick --hash --fake-generator --docs 30 --phase-s 3   # smoke test
+
+The API runs as its own process on loopback (`abuse.py serve`, the real app: SQLite, the
+in-process worker, the bundled all-MiniLM-L6-v2 and SmolLM2 unless --hash / --fake-generator,
+which say so in the output). Documents come from ../shared/data/wiki_vital (beside the
+checkout). Eight honest clients search (70%) and ask (30%, short answers) without pause; a
+probe reads /readyz twice a second. The first phase has no attack (the baseline); in each
+later phase one hostile client (another tenant) sends one attack, bounded in count and time.
+
+Per phase: honest requests that failed (any non-2xx, 429 included, and a /readyz that was not
+200), honest p99 against the baseline's (search and ask apart; the ratio is the worse), server
+errors (5xx to anyone), and the API process's peak memory over its idle memory. Last, the
+purge: a document is deleted and the data dir's files are searched for its words and vector
+bytes (tests/support/leftovers.py) until the purge has run. Ends with
+
+    FIGURE honest_failures <n>       summed over the attack phases
+    FIGURE honest_p99_ratio <x>      the worst phase
+    FIGURE server_errors <n>         every phase, every client
+    FIGURE purge_leftovers <n>       bytes of the deleted document still found (nan: no purge)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from _data import shared  # noqa: E402
+
+ADMIN_KEY = "bench-admin-key-0123456789"
+MARKERS = ["quokkazanzibarflumph", "brontidemarquetry"]  # words no other document has
+
+
+# ---------------------------------------------------------------- the server process
+
+
+class FakeGenerator:
+    """A stand-in generator (--fake-generator): streams 16 words, 5 ms apart, as a small
+    model decoding would; it never reads the prompt past counting it."""
+
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+
+    @property
+    def context_tokens(self) -> int:
+        return 8192
+
+    def count_tokens(self, prompt: Any) -> int:
+        from rag.engine.protocol import estimate_tokens
+
+        return estimate_tokens(prompt if isinstance(prompt, str | list) else str(prompt))
+
+    def has_room(self) -> bool:
+        return len(self.running) < 64
+
+    def submit(self, prompt: Any, params: Any = None, request_id: str | None = None, **_: Any):  # type: ignore[no-untyped-def]
+        return self._stream(request_id or "fake")
+
+    async def _stream(self, rid: str) -> AsyncIterator[Any]:
+        import asyncio
+
+        from rag.engine import FinishReason, TokenEvent, Usage
+
+        self.running.add(rid)
+        try:
+            for i in range(16):
+                await asyncio.sleep(0.005)
+                yield TokenEvent(rid, " word" if i else "The answer [1]", (i,))
+            yield TokenEvent(rid, "", (), FinishReason.STOP, Usage(100, 0, 16))
+        finally:
+            self.running.discard(rid)
+
+    def cancel(self, request_id: str) -> None:
+        self.running.discard(request_id)
+
+    def drop_chunks(self, chunk_ids: set[int]) -> None:
+        pass  # it caches nothing
+
+    def metrics(self) -> Any:
+        from rag.engine import EngineMetrics
+
+        return EngineMetrics(0, 0, 0, 0, 0, 0.0, 0, 0, 0.0, 0)
+
+    def close(self) -> None:
+        pass
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rag.api.app import create_app
+    from rag.config import Settings
+    from rag.services import build_services
+
+    settings = Settings(
+        data_dir=Path(args.data),
+        auth={"admin_key": ADMIN_KEY},
+        embed={"backend": "hash"} if args.hash else {},
+        purge={"interval_s": 2.0},
+        log_level="WARNING",
+    )
+    engine = FakeGenerator() if args.fake_generator else None
+    services = build_services(settings, engine=engine, announce_admin_key=False)  # type: ignore[arg-type]
+    uvicorn.run(
+        create_app(settings, services), host="127.0.0.1", port=args.port,
+        log_level="warning", access_log=False,
+    )  # fmt: skip
+    return 0
+
+
+class Server:
+    def __init__(self, data_dir: Path, args: argparse.Namespace) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, __file__, "serve", "--data", str(data_dir), "--port",
+                    str(self.port)]  # fmt: skip
+        self.cmd += ["--hash"] if args.hash else []
+        self.cmd += ["--fake-generator"] if args.fake_generator else []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Server:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, cwd=ROOT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the API process exited with {self.proc.returncode}")
+            try:
+                httpx.get(f"{self.url}/healthz", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise SystemExit("the API process did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+class Memory:
+    """The API process's resident memory: its peak over a phase (VmHWM, reset per phase
+    where the kernel allows, and samples every 20 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _status(self, field_: str) -> int:
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith(field_ + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def rss(self) -> int:
+        return self._status("VmRSS")
+
+    def reset(self) -> None:
+        with contextlib.suppress(OSError):  # "5" resets the peak (VmHWM) to the current RSS
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        self.peak = self.rss()
+
+    def phase_peak(self) -> int:
+        return max(self.peak, self._status("VmHWM") if self._hwm_resettable() else 0)
+
+    def _hwm_resettable(self) -> bool:
+        return os.access(f"/proc/{self.pid}/clear_refs", os.W_OK)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.rss())
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# ---------------------------------------------------------------- the clients
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {"search": [], "ask": []})
+    honest_failed: Counter[str] = field(default_factory=Counter)
+    honest_ok: int = 0
+    server_errors: int = 0
+    hostile: Counter[int] = field(default_factory=Counter)
+    peak_rss: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def honest(self, kind: str, status: int, seconds: float) -> None:
+        with self.lock:
+            if 200 <= status < 300:
+                self.honest_ok += 1
+                self.latencies[kind].append(seconds * 1000)
+            else:
+                self.honest_failed[f"{kind} {status}"] += 1
+            if status >= 500:
+                self.server_errors += 1
+
+    def attacker(self, status: int) -> None:
+        with self.lock:
+            self.hostile[status] += 1
+            if status >= 500:
+                self.server_errors += 1
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+class Load:
+    """The honest clients and the probe, recording into the current phase."""
+
+    def __init__(self, url: str, key: str, cid: str, questions: list[str], max_tokens: int):
+        self.url, self.cid, self.questions, self.max_tokens = url, cid, questions, max_tokens
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.phase: Phase | None = None
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
+                        for i in range(8)]  # fmt: skip
+        self.threads.append(threading.Thread(target=self._probe, daemon=True))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+    def _client(self, i: int) -> None:
+        rng = random.Random(i)
+        with httpx.Client(base_url=self.url, headers=self.headers, timeout=120) as client:
+            while not self.stop.is_set():
+                phase = self.phase
+                if phase is None:
+                    time.sleep(0.05)
+                    continue
+                q = rng.choice(self.questions)
+                kind = "ask" if rng.random() < 0.3 else "search"
+                body: dict[str, Any] = {"query": q, "k": 5}
+                if kind == "ask":
+                    body = {"question": q, "max_tokens": self.max_tokens, "budget_ms": 60_000}
+                t0 = time.perf_counter()
+                try:
+                    r = client.post(f"/v1/collections/{self.cid}/{kind}", json=body)
+                    status = r.status_code
+                except httpx.HTTPError:
+                    status = 599  # no answer at all
+                if phase is self.phase:  # not a request that straddled two phases
+                    phase.honest(kind, status, time.perf_counter() - t0)
+
+    def _probe(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self.stop.wait(0.5):
+                phase = self.phase
+                if phase is None:
+                    continue
+                try:
+                    status = client.get("/readyz").status_code
+                except httpx.HTTPError:
+                    status = 599
+                if status != 200:
+                    with phase.lock:
+                        phase.honest_failed[f"readyz {status}"] += 1
+
+
+# ---------------------------------------------------------------- the attacks
+
+
+@dataclass
+class Hostile:
+    client: httpx.Client  # the hostile tenant's key
+    url: str
+    cid: str  # its own collection
+    honest_cid: str  # another tenant's, which it may name but never see
+    job_id: str  # a job of its own
+    until: float
+    phase: Phase
+
+    def live(self) -> bool:
+        return time.monotonic() < self.until
+
+    def send(self, method: str, path: str, **kwargs: Any) -> int:
+        try:
+            status = self.client.request(method, path, **kwargs).status_code
+        except httpx.HTTPError:
+            status = 599
+        self.phase.attacker(status)
+        return status
+
+    def repeat(self, times: int, fn: Callable[[], object]) -> None:
+        for _ in range(times):
+            if not self.live():
+                return
+            fn()
+
+    def flood(self, workers: int, times: int, request: Callable[[], dict[str, Any]]) -> None:
+        """`workers` concurrent connections, each sending `request()` (httpx.request's
+        arguments, plus `timeout`) up to `times` times; asyncio, so that the attacker's own
+        CPU stays small beside the server's."""
+        import asyncio
+
+        async def run() -> None:
+            limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+            async with httpx.AsyncClient(
+                base_url=self.url, headers=self.client.headers, limits=limits
+            ) as c:
+
+                async def one() -> None:
+                    for _ in range(times):
+                        if not self.live():
+                            return
+                        try:
+                            status = (await c.request(**request())).status_code
+                        except httpx.TimeoutException:
+                            status = 0  # the attacker gave up: not the server's doing
+                        except httpx.HTTPError:
+                            status = 599
+                        self.phase.attacker(status)
+
+                await asyncio.gather(*(one() for _ in range(workers)))
+
+        asyncio.run(run())
+
+    def status_of(self, fn: Callable[[], httpx.Response]) -> None:
+        try:
+            status = fn().status_code
+        except httpx.HTTPError:
+            status = 599
+        self.phase.attacker(status)
+
+
+def chat(h: Hostile, **body: Any) -> int:
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **body}
+    return h.send("POST", "/v1/chat/completions", json=body)
+
+
+def ask(h: Hostile, **body: Any) -> int:
+    return h.send("POST", f"/v1/collections/{h.cid}/ask", json={"question": "x", **body})
+
+
+def stop_strings(h: Hostile) -> None:
+    many = ["stop here" * 7] * 10_000  # ~700 KB: the engine would scan each at every token
+    h.repeat(100, lambda: chat(h, stop=many))
+    h.repeat(100, lambda: ask(h, stop=many))
+
+
+def huge_seed(h: Hostile) -> None:
+    h.repeat(200, lambda: chat(h, seed=10**30, temperature=1.0, max_tokens=64))
+    h.repeat(200, lambda: ask(h, seed=10**30, temperature=1.0))
+
+
+def index_params(h: Hostile) -> None:
+    bad = [
+        {"kind": "hnsw", "params": {"initial_capacity": 10**8}},
+        {"kind": "faiss_hnsw", "params": {"m": 10**6}},
+        {"kind": "faiss_ivf", "params": {"nlist": 10**9}},
+    ]
+    rebuild = f"/v1/collections/{h.cid}/index/rebuild"
+    for n in range(100):
+        spec, name = bad[n % len(bad)], f"big-{n}"
+        body = {"name": name, "index": spec}
+        h.repeat(1, lambda b=body: h.send("POST", "/v1/collections", json=b))
+        h.repeat(1, lambda s=spec: h.send("POST", rebuild, json=s))
+
+
+def chat_messages(h: Hostile) -> None:
+    fat = [{"role": "user", "content": "w " * 16_000}] * 30  # ~1 MB of text: over the limits
+    h.repeat(50, lambda: chat(h, messages=fat))
+    under_body = [{"role": "user", "content": "w " * 15_000}] * 8  # 240k chars, < 1 MiB
+    h.repeat(100, lambda: chat(h, messages=under_body))
+
+
+JSON = {"content-type": "application/json"}
+
+
+def big_json_upload(h: Hostile) -> None:
+    # 20 MB of JSON that fails at its very end: all of it is parsed (off the event loop).
+    payload = b'{"text": "' + b"lorem ipsum " * 1_700_000 + b'", "oops": '
+    url = f"/v1/collections/{h.cid}/documents"
+    h.repeat(5, lambda: h.send("POST", url, content=payload, headers=JSON))
+
+
+def big_bodies(h: Hostile) -> None:
+    payload = b'{"query": "' + b"x" * (10 << 20) + b'"}'
+    mine, theirs = f"/v1/collections/{h.cid}/search", f"/v1/collections/{h.honest_cid}/search"
+    with httpx.Client(base_url=h.url, timeout=120) as anonymous:  # no key at all
+        for _ in range(10):
+            h.repeat(1, lambda: h.send("POST", mine, content=payload, headers=JSON))
+            h.repeat(
+                1,
+                lambda: h.status_of(lambda: anonymous.post(theirs, content=payload, headers=JSON)),
+            )
+
+
+def validation_errors(h: Hostile) -> None:
+    body = {"query": "x", **{f"k{i:06d}": i for i in range(60_000)}}  # ~1 MB of unknown keys
+    h.repeat(50, lambda: h.send("POST", f"/v1/collections/{h.cid}/search", json=body))
+
+
+def lying_docx(h: Hostile) -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        names = ["[Content_Types].xml", "_rels/.rels", "word/document.xml"]
+        for name in names + [f"word/media/{i}.xml" for i in range(20_000)]:
+            z.writestr(name, "")
+    data = bytearray(buf.getvalue())
+    at = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, at + 8, 1, 1)  # declares 1 entry, holds 20,003
+    files = [("files", ("memo.docx", bytes(data), "application/octet-stream"))]
+    h.repeat(50, lambda: h.send("POST", f"/v1/collections/{h.cid}/documents", files=files))
+
+
+def long_polls(h: Hostile) -> None:
+    # Waiters on a job still queued (100 documents go in first); past the bound they are
+    # refused; held ones end as their clients give up (2 s), which the server notices.
+    docs = {"documents": [{"text": f"poll target {i} " + "words " * 200} for i in range(100)]}
+    r = h.client.post(f"/v1/collections/{h.cid}/documents", json=docs)
+    h.phase.attacker(r.status_code)
+    job = r.json()["documents"][-1]["job_id"] if r.status_code == 202 else h.job_id
+    poll = {"method": "GET", "url": f"/v1/jobs/{job}", "params": {"wait": 60}, "timeout": 2}
+    h.flood(300, 3, lambda: poll)
+
+
+def thread_pools(h: Hostile) -> None:
+    body = {"query": "a long query of many words " * 20, "k": 200, "exact": True, "hybrid": 0.5}
+    search = {"method": "POST", "url": f"/v1/collections/{h.cid}/search", "json": body,
+              "timeout": 60}  # fmt: skip
+    listing = {"method": "GET", "url": "/v1/collections", "timeout": 60}
+    turn = iter(range(1 << 30))
+    h.flood(64, 40, lambda: search if next(turn) % 2 else listing)
+
+
+def rebuilds(h: Hostile) -> None:
+    def rebuild() -> None:
+        h.send("POST", f"/v1/collections/{h.cid}/index/rebuild", json={"kind": "hnsw"})
+        time.sleep(0.2)
+
+    h.repeat(100, rebuild)
+
+
+def upload_flood(h: Hostile) -> None:
+    docs = {"documents": [{"text": f"flood document {i} " + "filler words " * 150}
+                          for i in range(50)]}  # fmt: skip
+    h.repeat(40, lambda: h.send("POST", f"/v1/collections/{h.cid}/documents", json=docs))
+
+
+ATTACKS: list[tuple[str, Callable[[Hostile], None]]] = [
+    ("stop strings (10,000)", stop_strings),
+    ("seed 10**30", huge_seed),
+    ("index build params", index_params),
+    ("chat messages (1 MB)", chat_messages),
+    ("20 MB JSON upload", big_json_upload),
+    ("10 MB JSON bodies", big_bodies),
+    ("60,000 unknown keys", validation_errors),
+    ("zip declaring 1 of 20,000", lying_docx),
+    ("300 long polls", long_polls),
+    ("64 connections of searches", thread_pools),
+    ("rebuild storm", rebuilds),
+    ("upload flood", upload_flood),
+]
+
+
+# ---------------------------------------------------------------- the run
+
+
+def load_docs(n: int) -> list[dict[str, Any]]:
+    docs = []
+    with shared("wiki_vital", "passages.jsonl").open() as f:
+        for line in f:
+            row = json.loads(line)
+            docs.append({"text": row["text"][:1500], "filename": row["title"][:100] + ".txt"})
+            if len(docs) >= n:
+                break
+    if len(docs) < n:
+        raise SystemExit(f"wiki_vital holds {len(docs)} passages; {n} were asked for")
+    return docs
+
+
+def upload(client: httpx.Client, cid: str, docs: list[dict[str, Any]]) -> list[str]:
+    jobs = []
+    for at in range(0, len(docs), 100):
+        r = client.post(f"/v1/collections/{cid}/documents", json={"documents": docs[at : at + 100]})
+        r.raise_for_status()
+        jobs += [d["job_id"] for d in r.json()["documents"] if d["job_id"]]
+    return jobs
+
+
+def wait_jobs(client: httpx.Client, jobs: list[str], timeout_s: float = 1800) -> None:
+    deadline = time.monotonic() + timeout_s
+    for job in jobs:
+        while True:
+            r = client.get(f"/v1/jobs/{job}", params={"wait": 30})
+            if r.status_code == 200 and r.json()["done"]:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"ingest did not finish in {timeout_s:.0f} s")
+            if r.status_code == 429:
+                time.sleep(1)
+
+
+def purge_leftovers(client: httpx.Client, data_dir: Path, cid: str) -> float:
+    """Bytes of a deleted document still in the data dir's files once the purge has had its
+    time; nan where there is no purge to verify."""
+    try:
+        import rag.purge  # noqa: F401  (the purge exists in this checkout)
+        from rag.db import Database
+        from tests.support.leftovers import document_needles, leftover_bytes, scan
+    except ImportError:
+        return float("nan")
+    text = f"The {MARKERS[0]} keeps its {MARKERS[1]} in the archive. " * 20
+    r = client.post(f"/v1/collections/{cid}/documents", json={"text": text})
+    r.raise_for_status()
+    item = r.json()["documents"][0]
+    wait_jobs(client, [item["job_id"]])
+    db = Database(f"sqlite:///{data_dir / 'rag.db'}")
+    try:
+        needles = document_needles(db, item["document_id"], markers=MARKERS)
+    finally:
+        db.dispose()
+    client.delete(f"/v1/documents/{item['document_id']}").raise_for_status()
+    left = leftover_bytes(scan(data_dir, needles))
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:
+        time.sleep(2)
+        left = leftover_bytes(scan(data_dir, needles))
+    return float(left)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200 documents, 12 s a phase")
+    ap.add_argument("--docs", type=int, default=None)
+    ap.add_argument("--phase-s", type=float, default=None, help="seconds a phase")
+    ap.add_argument("--hash", action="store_true", help="the hash embedder (no model)")
+    ap.add_argument("--fake-generator", action="store_true", help="a 5 ms/token stand-in")
+    ap.add_argument("--only", default=None, help="run only attacks whose name has this")
+    args = ap.parse_args()
+    n_docs = args.docs or (200 if args.quick else 1000)
+    phase_s = args.phase_s or (12.0 if args.quick else 30.0)
+    max_tokens = 16 if args.quick else 32
+    docs = load_docs(n_docs)
+    questions = [d["text"].split(".")[0][:200] for d in docs]
+    print(f"embedder: {'hash (no model)' if args.hash else 'all-MiniLM-L6-v2'}; generator: "
+          f"{'a 5 ms/token fake' if args.fake_generator else 'SmolLM2-135M (the engine)'}; "
+          f"{n_docs} documents; {phase_s:g} s a phase", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="rag-abuse-") as tmp, Server(Path(tmp), args) as srv:
+        assert srv.proc is not None
+        admin = httpx.Client(base_url=srv.url, timeout=120,
+                             headers={"Authorization": f"Bearer {ADMIN_KEY}"})  # fmt: skip
+        keys = {}
+        for tenant in ("honest", "hostile"):
+            r = admin.post("/v1/keys", json={"tenant": tenant})
+            r.raise_for_status()
+            keys[tenant] = r.json()["key"]
+        honest = httpx.Client(base_url=srv.url, timeout=600,
+                              headers={"Authorization": f"Bearer {keys['honest']}"})  # fmt: skip
+        hostile = httpx.Client(base_url=srv.url, timeout=120,
+                               headers={"Authorization": f"Bearer {keys['hostile']}"})  # fmt: skip
+        cid = honest.post("/v1/collections", json={"name": "honest"}).json()["id"]
+        bad_cid = hostile.post("/v1/collections", json={"name": "mine"}).json()["id"]
+        t0 = time.monotonic()
+        wait_jobs(honest, upload(honest, cid, docs))
+        bad_jobs = upload(hostile, bad_cid, docs[:20])
+        wait_jobs(hostile, bad_jobs)
+        print(f"ingested in {time.monotonic() - t0:.0f} s", flush=True)
+        # Warm what the first request would otherwise pay (the generator's load).
+        honest.post(f"/v1/collections/{cid}/ask", json={"question": questions[0], "max_tokens": 4})
+        memory = Memory(srv.proc.pid)
+        time.sleep(1)
+        idle = memory.rss()
+        load = Load(srv.url, keys["honest"], cid, questions, max_tokens)
+        load.start()
+        phases: list[Phase] = []
+        attacks = [(name, fn) for name, fn in ATTACKS if not args.only or args.only in name]
+        for name, attack in [("(none: baseline)", None), *attacks]:
+            phase = Phase(name)
+            memory.reset()
+            load.phase = phase
+            until = time.monotonic() + phase_s
+            if attack is not None:
+                h = Hostile(hostile, srv.url, bad_cid, cid, bad_jobs[-1], until, phase)
+                attack(h)
+            time.sleep(max(0.0, until - time.monotonic()))
+            load.phase = None
+            time.sleep(0.5)  # requests of this phase finish out of it
+            phase.peak_rss = memory.phase_peak()
+            phases.append(phase)
+            print(f"  {name}: {phase.honest_ok} honest ok, {sum(phase.honest_failed.values())} "
+                  f"failed, hostile {dict(phase.hostile)}", flush=True)  # fmt: skip
+        load.close()
+        memory.close()
+        leftovers = purge_leftovers(honest, Path(tmp), cid)
+        for c in (admin, honest, hostile):
+            c.close()
+
+    base = phases[0]
+    print()
+    print("| attack | honest ok | honest failed | search p99 ms | ask p99 ms | p99 ratio | "
+          "server errors | peak RSS over idle MB | hostile answers |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for ph in phases:
+        ratios = [pct(ph.latencies[k], 99) / pct(base.latencies[k], 99) for k in ("search", "ask")
+                  if ph.latencies[k] and base.latencies[k]]  # fmt: skip
+        ratio = max(ratios) if ratios else float("nan")
+        if ph is not base and ratios:
+            worst = max(worst, ratio)
+        failed = ", ".join(f"{k}: {v}" for k, v in ph.honest_failed.items()) or "0"
+        hostile_answers = ", ".join(f"{s}: {n}" for s, n in sorted(ph.hostile.items())) or "-"
+        print(f"| {ph.name} | {ph.honest_ok} | {failed} | {pct(ph.latencies['search'], 99):.0f} "
+              f"| {pct(ph.latencies['ask'], 99):.0f} | {ratio:.2f} | {ph.server_errors} | "
+              f"{(ph.peak_rss - idle) / 2**20:.0f} | {hostile_answers} |")  # fmt: skip
+    print(
+        f"\nidle RSS {idle / 2**20:.0f} MB; p99 ratio: the phase's p99 over the baseline's, "
+        "the worse of search and ask"
+    )
+    print(f"FIGURE honest_failures {sum(sum(p.honest_failed.values()) for p in phases[1:])}")
+    print(f"FIGURE honest_p99_ratio {worst:.2f}")
+    print(f"FIGURE server_errors {sum(p.server_errors for p in phases)}")
+    print(f"FIGURE purge_leftovers {leftovers:.0f}" if leftovers == leftovers
+          else "FIGURE purge_leftovers nan")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        p = argparse.ArgumentParser()
+        p.add_argument("serve")
+        p.add_argument("--data", required=True)
+        p.add_argument("--port", type=int, required=True)
+        p.add_argument("--hash", action="store_true")
+        p.add_argument("--fake-generator", action="store_true")
+        sys.exit(serve(p.parse_args()))
+    sys.exit(main())
