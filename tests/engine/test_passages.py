@@ -214,3 +214,36 @@ def test_bfloat16_storage_is_the_float32_kv_rounded():
     finally:
         exact.close()
         half.close()
+
+
+def test_blend_prompts_survive_preemption_and_cancellation():
+    """Too little KV for four blend answers at once: some are preempted (their copies and
+    stores planned again when they come back), one is cancelled; every other one finishes
+    at its length, and every block is given back."""
+    settings = EngineSettings(
+        device="cpu", dtype="float32", weights="float32", speculative=False, num_kv_blocks=64,
+        block_size=4, max_model_len=200, recompute_first=4, passage_cache_mb=16,
+    )  # fmt: skip
+    engine = engine_for_model(tiny(), CharTokenizer(), (), settings)
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))  # the passages are cached
+
+        async def go() -> list[object]:
+            async def one(order: list[int], rid: str) -> object:
+                last = None
+                params = SamplingParams(max_tokens=40, ignore_eos=True)
+                async for ev in engine.submit(prompt(order, "blend"), params, rid):
+                    last = ev
+                    if rid == "c" and len(ev.token_ids) and last is not None:
+                        engine.cancel("c")
+                return last.finish_reason if last is not None else None
+
+            orders = [[2, 0, 1], [1, 2, 0], [0, 2, 1], [2, 1, 0]]
+            return await asyncio.gather(*[one(o, r) for o, r in zip(orders, "abcd", strict=True)])
+
+        reasons = asyncio.run(go())
+        assert [str(r) for r in reasons] == ["length", "length", "cancelled", "length"]
+        m = engine.metrics()
+        assert m.preemptions > 0 and m.kv_blocks_used == 0
+    finally:
+        engine.close()
