@@ -422,9 +422,21 @@ class RebuildIn(Request):
 
 
 class SearchDefaultsIn(Request):
+    """A collection's defaults for searches and answers (a request's own values win)."""
+
     k: int | None = Field(None, ge=1, le=1000)
     ef_search: int | None = Field(None, ge=1, le=10_000)
     nprobe: int | None = Field(None, ge=1, le=65_536)
     exact: bool | None = None
     hybrid: float | None = Field(None, ge=0, le=1)
     budget_ms: float | None = Field(None, gt=0, le=600_000)
+    kv_reuse: Literal["blend", "prefix", "off"] | None = Field(
+        None, description="answers: how prompt KV is reused (see POST /ask)"
+    )
+    mode: Literal["generate", "extractive"] | None = Field(
+        None, description="answers: generated or extracted (see POST /ask)"
+    )
+
+
+class WarmOut(BaseModel):
+    passages: int = Field(description="chunks queued to be computed into the passage cache")

@@ -230,3 +230,21 @@ def sample_texts(session: Session, collection_id: str, n: int, seed: int = 0) ->
         if text:
             texts.append(text)
     return texts
+
+
+def passages_of(session: Session, tenant_id: str, collection_id: str, limit: int) -> list[Row[Any]]:
+    """The collection's first `limit` visible chunks, oldest first (id, text, filename): what
+    a warm-up of the generator's passage cache computes."""
+    stmt = (
+        select(Chunk.id, Chunk.text, Document.filename)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.collection_id == collection_id,
+            Chunk.tenant_id == tenant_id,
+            Document.tenant_id == tenant_id,
+            Document.deleted_at.is_(None),
+        )
+        .order_by(Chunk.id)
+        .limit(limit)
+    )
+    return list(session.execute(stmt))

@@ -209,7 +209,7 @@ class Engine:
             hits=s.num_passage_hits, misses=s.num_passage_misses, evictions=stats.evictions,
             stored=stats.stored, reused_tokens=stats.reused_tokens,
             recomputed_tokens=s.num_recomputed_tokens, entries=len(self.passages),
-            bytes=self.passages.used_bytes,
+            bytes=self.passages.used_bytes, capacity_bytes=self.passages.capacity_bytes,
         )  # fmt: skip
 
     def drop_chunks(self, chunk_ids: set[int], timeout_s: float = 30.0) -> None:

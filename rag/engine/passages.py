@@ -64,6 +64,7 @@ class PassageStats:
     recomputed_tokens: int = 0  # tokens of reused passages recomputed in place
     entries: int = 0
     bytes: int = 0
+    capacity_bytes: int = 0  # 0: no passage cache
 
 
 class PassageKVCache:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, BackgroundTasks, Path, Query, Response
 
 from rag import quota as quotas
+from rag.answer import warm
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, available_kinds, errors
 from rag.api.schemas import (
@@ -14,6 +15,7 @@ from rag.api.schemas import (
     IndexInfo,
     RebuildIn,
     SearchDefaultsIn,
+    WarmOut,
 )
 from rag.db import collections
 from rag.errors import Invalid
@@ -183,3 +185,22 @@ async def rebuild_index(
         )
 
     return await pools.db.run(rebuild)
+
+
+@router.post(
+    "/{collection_id}/warm", status_code=202, response_model=WarmOut, responses=errors(404)
+)
+async def warm_passages(
+    collection_id: CollectionId,
+    services: ServicesDep,
+    principal: CurrentPrincipal,
+    pools: PoolsDep,
+    background: BackgroundTasks,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> WarmOut:
+    """Compute the KV of the collection's passages (its first `limit` chunks) into the
+    generator's passage cache in the background, one prompt at a time, until the cache is
+    full: the first questions over them then reuse it. 422 when the generator keeps none."""
+    items = await pools.db.run(warm.passages, services, principal.tenant_id, collection_id, limit)
+    background.add_task(warm.warm, services, principal.tenant_id, items)
+    return WarmOut(passages=len(items))
