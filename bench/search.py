@@ -1,6 +1,7 @@
 """Retrieval benchmark: the figures of issue 3 except retrieval quality (bench/quality.py).
 
-    python bench/search.py [--quick] [--large N] [--queries N] [--http-chunks N] ...
+    python bench/search.py [--quick] [--large N] [--queries N] [--http-chunks N]
+                            [--query-format auto|float32|int8] ...
 
 1. recall@10 against queries/s for every index kind and knob setting, at the 24,576 real
    MiniLM vectors and at a large synthetic set (1M; `--quick`: 100k), single queries, one thread;
@@ -491,7 +492,7 @@ def _tenant_of(services: Any, cid: str) -> str:
 
 
 def http_and_chroma(
-    real: RealSet, n_chunks: int, n_queries: int, *, with_chroma: bool
+    real: RealSet, n_chunks: int, n_queries: int, *, with_chroma: bool, query_format: str = "auto"
 ) -> tuple[list[Latency], dict[str, float]]:
     import httpx
     from pydantic import SecretStr
@@ -508,7 +509,7 @@ def http_and_chroma(
             auth=AuthSettings(admin_key=SecretStr("bench-admin-key-0123456789")),
             log_level="WARNING",
         )
-        embedder = SentenceTransformerEmbedder(device="cpu")
+        embedder = SentenceTransformerEmbedder(device="cpu", query_format=query_format)
         services = build_services(
             settings, embedder=embedder, in_process_worker=False, announce_admin_key=False
         )
@@ -758,6 +759,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-chroma", action="store_true")
     ap.add_argument("--profile", action="store_true", help="cProfile the hnsw wrapper")
     ap.add_argument("--out", type=Path, help="also write the markdown tables here")
+    ap.add_argument(
+        "--query-format",
+        default="auto",
+        choices=["auto", "float32", "int8"],
+        help="what embeds the HTTP run's queries (RAG_EMBED__QUERY_FORMAT; auto is int8)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -809,8 +816,18 @@ def main(argv: list[str] | None = None) -> int:
     print()
     sections.insert(0, print_sweep(rows))
 
-    print(f"\n## /search over HTTP at {http_chunks} chunks ({http_queries} queries)\n", flush=True)
-    lat, stages = http_and_chroma(real, http_chunks, http_queries, with_chroma=not args.no_chroma)
+    print(
+        f"\n## /search over HTTP at {http_chunks} chunks ({http_queries} queries,"
+        f" query format {args.query_format})\n",
+        flush=True,
+    )
+    lat, stages = http_and_chroma(
+        real,
+        http_chunks,
+        http_queries,
+        with_chroma=not args.no_chroma,
+        query_format=args.query_format,
+    )
     md4 = table(
         ["system", "p50 ms", "p99 ms", "mean ms", "recall@10", "note"], [x.row() for x in lat]
     )

@@ -1,9 +1,9 @@
 """Embedders: text in, L2-normalised float32 vectors out.
 
 `SentenceTransformerEmbedder` wraps the bundled all-MiniLM-L6-v2 (or any sentence-transformers
-folder) and embeds search queries on its query lane with ONNX Runtime; `HashEmbedder` is a
-deterministic, model-free embedder for tests that are about something other than embedding
-quality.
+folder) and embeds search queries on its query lane with ONNX Runtime, in int8 unless
+`query_format` says otherwise; `HashEmbedder` is a deterministic, model-free embedder for tests
+that are about something other than embedding quality.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def build_embedder(settings: EmbedSettings) -> Embedder:
         batch_size=settings.batch_size,
         query_threads=settings.query_threads,
         query_backend=settings.query_backend,
+        query_format=settings.query_format,
         query_priority=settings.query_priority,
         ingest_yield_ms=settings.ingest_yield_ms,
     )

@@ -1,5 +1,6 @@
 """all-MiniLM-L6-v2 (or any sentence-transformers folder): batches of documents on the
-caller's thread, search queries on the query lane through ONNX Runtime."""
+caller's thread (float32, torch), search queries on the query lane through ONNX Runtime (int8
+by default: rag.embed.onnx.AUTO_FORMAT)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy.typing as npt
 
 from rag.embed.base import Span
 from rag.embed.lane import QueryLane, in_turns
-from rag.embed.onnx import OnnxQueryEncoder
+from rag.embed.onnx import AUTO_FORMAT, OnnxQueryEncoder
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class SentenceTransformerEmbedder:
         batch_size: int = 64,
         query_threads: int = 2,
         query_backend: str = "onnxruntime",
+        query_format: str = "auto",
         query_priority: bool = True,
         ingest_yield_ms: float = 200.0,
     ) -> None:
@@ -72,6 +74,9 @@ class SentenceTransformerEmbedder:
         self.max_tokens = int(self._model.max_seq_length or 256) - 2
         self._onnx: OnnxQueryEncoder | None = None
         self._want_onnx = query_backend == "onnxruntime"
+        # The weights queries run in (document vectors are always torch's float32); what
+        # actually runs is `query_format_used` once the lane has built its encoder.
+        self.query_format = AUTO_FORMAT if query_format == "auto" else query_format
         self._query_threads = query_threads
         self.query_priority = query_priority
         self.ingest_yield_s = ingest_yield_ms / 1000.0
@@ -99,10 +104,20 @@ class SentenceTransformerEmbedder:
         """On the lane's thread only."""
         if self._want_onnx:
             self._want_onnx = False
-            self._onnx = OnnxQueryEncoder.build(self._model, self._query_threads)
+            self._onnx = OnnxQueryEncoder.build(self._model, self._query_threads, self.query_format)
         if self._onnx is not None:
             return self._onnx(texts)
         return self._encode(texts)
+
+    def query_encoder(self, fmt: str, threads: int) -> OnnxQueryEncoder | None:
+        """A new ONNX Runtime encoder of this model in `fmt` (for benchmarks that compare
+        formats side by side); None when the model has no ONNX path."""
+        return OnnxQueryEncoder.build(self._model, threads, fmt)
+
+    @property
+    def query_format_used(self) -> str:
+        """What embeds queries now: "int8" or "float32" (ONNX Runtime), or "torch" (float32)."""
+        return self._onnx.format if self._onnx is not None else "torch"
 
     def _encode(self, texts: list[str]) -> npt.NDArray[np.float32]:
         vectors = self._model.encode(
