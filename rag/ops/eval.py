@@ -16,6 +16,12 @@ order, each document once (a document's best passage places it). recall@k looks 
 k documents of a search for max(k, 10) passages; MRR@10 and nDCG@10 at the first 10 (linear
 gains, as trec_eval's ndcg_cut). Both at the collection's own knobs and at exact search.
 
+The collection's keyword weight (`choose_hybrid`, `rag eval --choose-hybrid`): nDCG@10 at each
+of a few `hybrid` weights, the best chosen on the even-numbered judged queries and kept only
+when it does at least as well as dense search (weight 0) on the odd-numbered ones, which it was
+not chosen on; `--apply` stores it in the collection's search defaults. (`rag tune` has no
+judgements, so it cannot weigh keyword hits.)
+
 Answer metrics (only with answers): token F1 of the generated answer against the reference
 (SQuAD normalisation: lower case, no punctuation or articles), and citation precision: the
 share of cited passages whose document is relevant to the query, over queries with at least
@@ -62,6 +68,35 @@ class Answer:
 AnswerFn = Callable[[Services, str, str, str], Answer]
 
 
+# The keyword weights `choose_hybrid` compares (0: dense only).
+HYBRID_WEIGHTS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
+
+
+@dataclass
+class HybridChoice:
+    """nDCG@10 per keyword weight on each half of the judged queries, and the weight chosen."""
+
+    ndcg: dict[float, tuple[float, float]]  # weight -> (even-numbered, odd-numbered queries)
+    chosen: float
+    applied: bool = False
+
+    def table(self) -> str:
+        lines = [f"{'hybrid':<10}{'ndcg@10 even':>14}{'ndcg@10 odd':>14}"]
+        for weight, (even, odd) in self.ndcg.items():
+            mark = "  <- chosen" + (", stored" if self.applied else "")
+            lines.append(
+                f"{weight:<10}{even:>14.4f}{odd:>14.4f}{mark if weight == self.chosen else ''}"
+            )
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ndcg10": {str(w): {"even": e, "odd": o} for w, (e, o) in self.ndcg.items()},
+            "chosen": self.chosen,
+            "applied": self.applied,
+        }
+
+
 @dataclass
 class Report:
     collection_id: str
@@ -70,6 +105,7 @@ class Report:
     retrieval: dict[str, dict[str, float]]  # setting ("collection", "exact") -> metric -> value
     answers: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
+    hybrid: HybridChoice | None = None
 
     def table(self) -> str:
         names = [f"recall@{self.k}", "mrr@10", "ndcg@10"]
@@ -85,6 +121,8 @@ class Report:
             for name, value in self.answers.items():
                 counted = name in ("answered", "answers_with_citations")
                 lines.append(f"{name:<24}{int(value) if counted else f'{value:.4f}':>10}")
+        if self.hybrid is not None:
+            lines += ["", self.hybrid.table()]
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -96,6 +134,7 @@ class Report:
             "retrieval": self.retrieval,
             "answers": self.answers,
             "notes": self.notes,
+            "hybrid": self.hybrid.as_dict() if self.hybrid is not None else None,
         }
 
 
@@ -277,6 +316,52 @@ def evaluate(
             services, collection, queries, qrels, answers, names, fn, progress
         )
     return report
+
+
+def choose_hybrid(
+    services: Services,
+    collection: Collection,
+    queries: dict[str, str],
+    qrels: Qrels,
+    *,
+    weights: Sequence[float] = HYBRID_WEIGHTS,
+    apply: bool = False,
+    progress: Progress = lambda items: items,
+) -> HybridChoice:
+    """The keyword weight for this collection: the best nDCG@10 over the even-numbered judged
+    queries (the smaller weight on a tie), kept when its nDCG@10 over the odd-numbered ones is
+    at least dense search's (weight 0), else 0. Searches run at the collection's other knobs.
+    With `apply`, the choice becomes the collection's default `hybrid`."""
+    judged = [qid for qid in queries if qid in qrels]
+    if len(judged) < 2:
+        raise Invalid("choosing a hybrid weight needs at least two judged queries")
+    weights = sorted({0.0, *weights})
+    names = corpus_ids(services, collection.id)
+    ndcg = {w: [0.0, 0.0] for w in weights}
+    halves = [0, 0]
+    for n, qid in enumerate(progress(judged)):
+        half = n % 2
+        halves[half] += 1
+        for w in weights:
+            result = services.retriever.search(
+                collection.tenant_id, collection.id, queries[qid], Knobs(k=10, hybrid=w)
+            )
+            ranking = _ranking((p.document_id for p in result.passages), names, qrels[qid])
+            ndcg[w][half] += ndcg_at(ranking, qrels[qid], 10)
+    means = {w: (even / halves[0], odd / halves[1]) for w, (even, odd) in ndcg.items()}
+    best = max(weights, key=lambda w: (means[w][0], -w))
+    chosen = best if means[best][1] >= means[0.0][1] else 0.0
+    choice = HybridChoice(means, chosen)
+    if apply:
+        with services.db.write() as session:
+            row = collections.get_live(session, collection.id)
+            if row is None:
+                raise NotFound(f"collection {collection.id} not found")
+            defaults = {**(row.search_defaults or {}), "hybrid": chosen}
+            collections.set_search_defaults(session, row, defaults)
+        choice.applied = True
+        log.info("collection %s: hybrid %s stored as its default", collection.id, chosen)
+    return choice
 
 
 def _answer_metrics(
