@@ -285,8 +285,9 @@ class Load:
                     status = r.status_code
                 except httpx.HTTPError:
                     status = 599  # no answer at all
-                if phase is self.phase:  # not a request that straddled two phases
-                    phase.honest(kind, status, time.perf_counter() - t0)
+                # Counted in the phase it started in (a slow answer that ends in the next
+                # phase is still this one's p99).
+                phase.honest(kind, status, time.perf_counter() - t0)
 
     def _probe(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
