@@ -80,7 +80,9 @@ def test_upload_to_indexed_with_real_model(
         assert abs(float(np.linalg.norm(vec)) - 1.0) < 1e-4
         assert row.embedding_model == "all-MiniLM-L6-v2"
     # The stored vector is the model's embedding of the chunk text.
-    again = minilm.embed([rows[0].text])[0]
+    # One text alone goes through the query lane, in int8 by default: compare with the
+    # float32 path documents take.
+    again = minilm.embed([rows[0].text] * (minilm.QUERY_MAX + 1))[0]
     assert float(np.dot(again, np.frombuffer(rows[0].embedding, dtype="<f4"))) > 0.999
     # The script's content never became text.
     html_doc = accepted[2]["document_id"]
