@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from rag.index.base import Hits, VectorIndex
@@ -17,6 +18,8 @@ class IndexState:
     generation: int | None  # the snapshot generation it started from, if any
     building: bool  # a rebuild is running in the background
     stale: bool  # the last catch-up did not finish: results may miss recent changes
+    # Seconds since a catch-up last finished (None: never in this process).
+    caught_up_s_ago: float | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Live:
     building: bool = False
     stale: bool = False
     spec_checked_at: float = 0.0
+    caught_up_at: float | None = None  # time.monotonic() when a catch-up last finished
 
     def __post_init__(self) -> None:
         # Held while changes are applied, snapshots written and rebuilds swapped in.
@@ -56,4 +60,7 @@ class Live:
             generation=self.generation,
             building=self.building,
             stale=self.stale,
+            caught_up_s_ago=(
+                None if self.caught_up_at is None else time.monotonic() - self.caught_up_at
+            ),
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -140,6 +141,7 @@ class IndexManager:
                     wait_s=30.0 if wait_s is None else wait_s,
                 )
                 live.watermark, live.stale = mark, False
+                live.caught_up_at = time.monotonic()
                 return count
             applied = self.source.apply_changes(collection_id, live.index, live.watermark)
         except Exception:
@@ -153,6 +155,7 @@ class IndexManager:
             live.watermark = watermark
             live.changes_since_snapshot += count
             live.stale = False
+            live.caught_up_at = time.monotonic()
             return count
         finally:
             live.lock.release()

@@ -79,6 +79,11 @@ def readiness(services: Services) -> dict[str, dict[str, Any]]:
     return checks
 
 
+# An index more than a batch behind counts as not caught up once no catch-up has finished for
+# this long (the loop runs every RAG_INDEX__CATCH_UP_INTERVAL_S, 0.5 s by default).
+BEHIND_AFTER_S = 10.0
+
+
 def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
     # Only indexes already open: a probe must not open (and build) every collection's index.
     lives = services.indexes.open_collections()
@@ -93,8 +98,11 @@ def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
             with services.db.read() as session:
                 lag = changelog.count_after(session, cid, state.watermark)
             # A few changes committed since the last catch-up are normal (the background loop
-            # applies up to one batch per tick); more than a batch behind is not caught up.
-            if lag and lag > services.indexes.catch_up_batch:
+            # applies up to one batch per tick), and so is more during an upload burst while
+            # catch-ups keep finishing; more than a batch behind with no catch-up finished for
+            # BEHIND_AFTER_S is an index that is not catching up.
+            recent = state.caught_up_s_ago is not None and state.caught_up_s_ago < BEHIND_AFTER_S
+            if lag and lag > services.indexes.catch_up_batch and not recent:
                 behind += 1
     out: dict[str, Any] = {"ok": not (stale or behind), "open": len(lives)}
     for name, count in (("rebuilding", rebuilding), ("stale", stale), ("behind", behind)):
