@@ -372,7 +372,9 @@ class SearchIn(Request):
     ef_search: int | None = Field(None, ge=1, le=10_000, description="HNSW candidate list; >= k")
     nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists to scan")
     exact: bool | None = Field(None, description="brute force over every vector")
-    hybrid: float | None = Field(None, ge=0, le=1, description="keyword (BM25) weight in RRF")
+    hybrid: float | None = Field(
+        None, ge=0, le=1, description="keyword (BM25) weight in the z-score fusion (0 = dense)"
+    )
     budget_ms: float | None = Field(None, gt=0, le=600_000, description="latency budget")
     filter: SearchFilter | None = None
 
