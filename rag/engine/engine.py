@@ -134,8 +134,11 @@ class Engine:
         request_id: str | None = None,
         *,
         cache_salt: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
-        """Queue a request; iterate the result for its events. Call from a running event loop.
+        """Queue a request; iterate the result for its events on `loop` (default: the running
+        one; pass it to submit from a worker thread, so tokenizing a long prompt does not
+        hold the event loop).
 
         Raises InvalidRequest (bad parameters, prompt too long) or EngineOverloaded (queue
         full) before any work is done.
@@ -151,7 +154,7 @@ class Engine:
             raise InvalidRequest(
                 f"prompt has {len(token_ids)} tokens; the context holds {self.max_model_len}"
             )
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         request_id = request_id or uuid.uuid4().hex
         seq = Sequence(
             request_id, token_ids, params, self.max_model_len, self.eos_token_ids,

@@ -4,6 +4,7 @@ server both implement `GenerationBackend`; nothing here imports torch."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -90,10 +91,12 @@ class GenerationBackend(Protocol):
         request_id: str | None = None,
         *,
         cache_salt: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Start a generation; iterate for its events, the last with finish reason and usage.
         Raises InvalidRequest or EngineOverloaded before any work is done. Requests with
-        different `cache_salt`s (tenants) never share cached prompt blocks."""
+        different `cache_salt`s (tenants) never share cached prompt blocks. `loop`: where the
+        events will be iterated, when submitting from another thread."""
         ...
 
     def cancel(self, request_id: str) -> None:

@@ -74,6 +74,7 @@ class RemoteEngine:
         request_id: str | None = None,
         *,
         cache_salt: str | None = None,  # the remote server's own cache is its business
+        loop: object = None,  # the stream runs where it is iterated
     ) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
         params.validate(None)

@@ -36,6 +36,20 @@ def test_streams_tokens_and_final_usage(fake_engine):
     asyncio.run(main())
 
 
+def test_a_request_submitted_from_a_thread_streams_on_the_given_loop(fake_engine):
+    """Tokenizing a long prompt need not hold the event loop: submit in a worker thread,
+    iterate on the loop."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        params = SamplingParams(max_tokens=3)
+        stream = await asyncio.to_thread(fake_engine.submit, "ab", params, loop=loop)
+        text, last = await collect(stream)
+        assert text == "cde" and last.finish_reason is FinishReason.LENGTH
+
+    asyncio.run(main())
+
+
 def test_concurrent_requests_are_batched(fake_engine):
     async def main():
         prompts = ["a", "hello", "xyz" * 5]
