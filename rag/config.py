@@ -165,6 +165,50 @@ class AskSettings(_Section):
     default_budget_ms: float | None = Field(None, gt=0)
     retrieve_share: float = Field(0.3, gt=0, lt=1)
 
+    # Grounded answers: defaults chosen by measurement with the bundled 135M model
+    # (bench/answers.py, table in bench/README.md); `legacy()` is the behaviour before them.
+    # "generate" writes the answer with the generator; "extractive" quotes the passage
+    # sentences that answer best, without it. A request's `mode`, then the collection's saved
+    # default, win.
+    mode: Literal["generate", "extractive"] = "generate"
+    # The words around the passages (rag.answer.prompt.WORDINGS).
+    prompt: Literal["grounded", "legacy"] = "grounded"
+    # Sampling for grounded answers when the request sets none: OpenAI's penalties (counted
+    # over the answer's own tokens, so quoting a passage is not punished), Hugging Face's
+    # repetition penalty, and the engine's guard that ends an answer repeating itself
+    # (finish reason `repetition`).
+    frequency_penalty: float = Field(0.5, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=4)
+    stop_repetition: bool = True
+    # After "[", only the numbers of the passages given (a logit mask): every marker is valid.
+    cite_mask: bool = True
+    # "sentence": each sentence is cited by its marker, or attributed to the passage holding
+    # at least `support_threshold` of its content words, or reported unsupported; "answer":
+    # the whole answer attributed to at most two passages (before per-sentence attribution).
+    attribution: Literal["sentence", "answer"] = "sentence"
+    support_threshold: float = Field(0.5, ge=0, le=1)
+    # Refuse without the generator when the passages given lack the question's names
+    # (capitalised words, numbers) or hold less than this share of its content words
+    # (rag.answer.extract.evidence). None: no such check (only relevance_threshold).
+    evidence_coverage: float | None = Field(0.35, ge=0, le=1)
+    # Extractive answers: at most this many sentences and about this many words; a question
+    # no sentence supports this much (its share of the question's weighted terms) is refused.
+    extract_sentences: int = Field(3, ge=1, le=20)
+    extract_words: int = Field(90, ge=1, le=2000)
+    extract_min_support: float = Field(0.2, ge=0, le=1)
+
+    @classmethod
+    def legacy(cls, **changes: object) -> AskSettings:
+        """The answers before issue 15 (old prompt, no penalties, no citation mask,
+        whole-answer attribution, no evidence check), for benchmarks that compare."""
+        old: dict[str, object] = {
+            "prompt": "legacy", "frequency_penalty": 0.0, "presence_penalty": 0.0,
+            "repetition_penalty": 1.0, "stop_repetition": False, "cite_mask": False,
+            "attribution": "answer", "evidence_coverage": None,
+        }  # fmt: skip
+        return cls.model_validate({**old, **changes})
+
 
 class AuthSettings(_Section):
     # When unset, an admin key is generated on first start and written to

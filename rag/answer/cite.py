@@ -1,23 +1,43 @@
-"""Citations: the answer's [n] markers mapped to the passages given, re-checked in SQL.
+"""Citations: each sentence of the answer tied to the passage it is drawn from, re-checked in SQL.
 
-A marker that points nowhere, or to a chunk deleted since or never the caller's, is dropped.
-An answer with no usable marker (small models often write none) is attributed to the given
-passages most of its words come from, flagged as attributed.
+A sentence that writes ``[n]`` cites passage n (the engine's citation mask lets a marker name
+only the passages given). A sentence without a marker is attributed to the given passage that
+holds most of its content words, when that passage holds at least `threshold` of them; a
+sentence no passage supports stays uncited and is reported as unsupported, never shown as a
+cited fact. A sentence that repeats the system instruction is reported as echoed. Markers
+that point nowhere, or to a chunk deleted since or never the caller's, are dropped.
+
+`how="answer"` is the attribution before per-sentence attribution existed (the whole answer
+to at most two passages holding 60% of its words), kept so benchmarks can compare.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from rag.db import Database, chunks
 from rag.retrieve import Passage
 
-MARKER = re.compile(r"\[(\d{1,4}(?:\s*,\s*\d{1,4})*)\]")
+# "[2]", "[1, 3]"; not an index such as x[0] or f(a)[1] (the engine's citation mask tells
+# them apart the same way).
+MARKER = re.compile(r"(?<![\w)])\[(\d{1,4}(?:\s*,\s*\d{1,4})*)\]")
 _CONTENT_WORD = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
 ATTRIBUTION_MIN_WORDS = 4
 ATTRIBUTION_MIN_SHARE = 0.6
+# A sentence with fewer content terms than this ("Yes.", a heading) claims nothing to check.
+SENTENCE_MIN_TERMS = 3
+
+Attribution = Literal["sentence", "answer"]
+Span = tuple[int, int]  # [start, end) in the answer's characters
+Visible = Callable[[Sequence[int]], set[int]]  # chunk ids -> those the caller may still see
+
+
+class HasText(Protocol):
+    @property
+    def text(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -28,9 +48,99 @@ class Citation:
     filename: str
     start_char: int
     end_char: int
-    # False: the answer wrote [n]. True: it wrote no marker, and the server attributed it to a
-    # given passage that most of the answer's words come from.
+    # False: the answer wrote [n]. True: it wrote no marker there, and the server attributed
+    # the sentences to the given passage that holds most of their words.
     attributed: bool = False
+    # The answer's sentences that cite it, as [start, end) character spans of the answer.
+    sentences: tuple[Span, ...] = ()
+
+
+@dataclass(frozen=True)
+class Review:
+    """What the server makes of an answer's sentences, before the SQL check."""
+
+    cited: list[tuple[int, tuple[Span, ...], bool]]  # (passage number, sentences, attributed)
+    unsupported: list[Span] = field(default_factory=list)
+    echoed: list[Span] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- words and sentences
+
+# Function words, question words and the words answers use about their sources: none says
+# what a sentence is about.
+STOP = frozenset(
+    """a about above after again against all also am an and any are as at be because been
+    before being below between both but by can could did do does doing down during each few
+    for from further had has have having he her here hers herself him himself his how i if
+    in into is it its itself just let me more most my myself no nor not now of off on once
+    only or other our ours out over own same she should so some such than that the their
+    theirs them then there these they this those through to too under until up very was we
+    were what when where which while who whom why will with would you your yours yourself
+    may might must shall cannot wouldn isn aren doesn didn don won hasn haven wasn weren
+    one ones thing things kind sort way ways used use using make makes made get gets got
+    passage passages document documents text answer answers question questions provided
+    mentioned according information context cite cited say says said given describe
+    describes explain explains tell called named known many much well like none always
+    never seem seems""".split()
+)
+_TERM = re.compile(r"[^\W_]+(?:[.'][^\W_]+)*", re.UNICODE)
+_SUFFIXES = ("ations", "ation", "ingly", "ings", "ing", "ies", "ied", "edly", "ed", "es", "ly", "s")
+
+
+def stem(word: str) -> str:
+    """A crude stem: lower case, a common suffix off, at most 6 letters (so "grouping",
+    "groups" and "group" meet, and "calculation" meets "calculate")."""
+    w = word.lower().replace("'", "")
+    for suffix in _SUFFIXES:
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
+            w = w[: -len(suffix)] + ("y" if suffix in ("ies", "ied") else "")
+            break
+    if len(w) > 3 and w.endswith("e"):  # "leave" meets "leaves", "house" "houses"
+        w = w[:-1]
+    return w[:6]
+
+
+def terms(text: str) -> set[str]:
+    """The content terms of `text`, stemmed: words of three letters or more and numbers,
+    without function words."""
+    out = set()
+    for m in _TERM.finditer(MARKER.sub(" ", text)):
+        w = m.group(0).lower().removesuffix("'s")
+        if w in STOP or (len(w) < 3 and not w.isdigit()):
+            continue
+        out.add(stem(w))
+    return out
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")
+
+
+def sentences(text: str) -> list[Span]:
+    """[start, end) spans of the sentences of `text` (split after . ! ? and at line breaks),
+    without their surrounding space. Markers written after a sentence's full stop
+    ("... noon. [2]") belong to that sentence."""
+    spans: list[Span] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        spans.append((start, m.start()))
+        start = m.end()
+    spans.append((start, len(text)))
+    out: list[Span] = []
+    for s, e in spans:
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        lead = re.match(r"(?:\[\d{1,4}(?:\s*,\s*\d{1,4})*\]\s*)+", text[s:e])
+        if lead and out:  # "[2] Next sentence": the markers close the sentence before
+            out[-1] = (out[-1][0], s + len(lead.group(0).rstrip()))
+            s += lead.end()
+        if s < e:
+            out.append((s, e))
+    return out
+
+
+# ---------------------------------------------------------------- reviewing an answer
 
 
 def markers(answer: str) -> list[int]:
@@ -44,32 +154,65 @@ def markers(answer: str) -> list[int]:
     return seen
 
 
-def cite(
-    db: Database, tenant_id: str, collection_id: str, given: Sequence[Passage], answer: str
-) -> list[Citation]:
-    """The answer's citations among the passages `given` (numbered from 1) that the tenant
-    may still see."""
-    wanted = [(n, given[n - 1]) for n in markers(answer) if 1 <= n <= len(given)]
-    attributed = not wanted
-    if attributed:
-        wanted = attribute(answer, given)
-    if not wanted:
-        return []
-    with db.read() as session:
-        visible = chunks.visible_ids(
-            session, tenant_id, collection_id, sorted({p.chunk_id for _, p in wanted})
-        )
-    return [
-        Citation(n, p.chunk_id, p.document_id, p.filename, p.start_char, p.end_char, attributed)
-        for n, p in wanted
-        if p.chunk_id in visible
-    ]
+def support(sentence_terms: set[str], passage_terms: set[str]) -> float:
+    """The share of a sentence's content terms the passage holds."""
+    if not sentence_terms:
+        return 0.0
+    return len(sentence_terms & passage_terms) / len(sentence_terms)
 
 
-def attribute(answer: str, given: Sequence[Passage]) -> list[tuple[int, Passage]]:
-    """Given passages (numbered from 1) that supply at least 60% of the answer's content
-    words, best first, at most two. Nothing for a short or unsupported answer: a refusal or
-    an answer from outside the passages gets no citation rather than a wrong one."""
+def review(
+    answer: str,
+    given: Sequence[HasText],
+    *,
+    threshold: float = 0.5,
+    instruction: Sequence[str] = (),
+    how: Attribution = "sentence",
+) -> Review:
+    """Which given passage (numbered from 1) each sentence of `answer` cites or is drawn
+    from; the sentences no passage supports; those that repeat `instruction` (the sentences
+    of the system instruction)."""
+    if how == "answer":
+        wanted = [n for n in markers(answer) if 1 <= n <= len(given)]
+        if wanted:
+            return Review([(n, (), False) for n in wanted])
+        return Review([(n, (), True) for n, _ in attribute(answer, given)])
+    passage_terms = [terms(p.text) for p in given]
+    told = [terms(s) for s in instruction]
+    order: list[int] = []
+    spans: dict[int, list[Span]] = {}
+    written: set[int] = set()
+    unsupported: list[Span] = []
+    echoed: list[Span] = []
+    for s, e in sentences(answer):
+        text = answer[s:e]
+        own = terms(text)
+        if len(own) >= SENTENCE_MIN_TERMS and any(support(own, t) >= 0.8 for t in told if t):
+            echoed.append((s, e))
+            continue
+        numbers = [n for n in markers(text) if 1 <= n <= len(given)]
+        if numbers:
+            written.update(numbers)
+        elif len(own) >= SENTENCE_MIN_TERMS:
+            shares = [support(own, t) for t in passage_terms]
+            best = max(range(len(shares)), key=lambda i: (shares[i], -i), default=None)
+            if best is None or shares[best] < threshold:
+                unsupported.append((s, e))
+                continue
+            numbers = [best + 1]
+        for n in numbers:
+            if n not in spans:
+                order.append(n)
+                spans[n] = []
+            spans[n].append((s, e))
+    cited = [(n, tuple(spans[n]), n not in written) for n in order]
+    return Review(cited, unsupported, echoed)
+
+
+def attribute(answer: str, given: Sequence[HasText]) -> list[tuple[int, HasText]]:
+    """The attribution of a whole answer (before per-sentence attribution): given passages
+    (numbered from 1) that supply at least 60% of the answer's content words, best first, at
+    most two. Nothing for a short or unsupported answer."""
     words = {w.lower() for w in _CONTENT_WORD.findall(answer)}
     if len(words) < ATTRIBUTION_MIN_WORDS:
         return []
@@ -80,3 +223,42 @@ def attribute(answer: str, given: Sequence[Passage]) -> list[tuple[int, Passage]
             scored.append((share, n, passage))
     scored.sort(key=lambda t: (-t[0], t[1]))
     return [(n, passage) for _, n, passage in scored[:2]]
+
+
+# ---------------------------------------------------------------- checked against SQL
+
+
+def citations(given: Sequence[Passage], reviewed: Review, visible: Visible) -> list[Citation]:
+    """The reviewed citations whose chunk the caller may still see (`visible` asks SQL)."""
+    if not reviewed.cited:
+        return []
+    allowed = visible(sorted({given[n - 1].chunk_id for n, _, _ in reviewed.cited}))
+    out = []
+    for n, spans, attributed in reviewed.cited:
+        p = given[n - 1]
+        if p.chunk_id in allowed:
+            out.append(Citation(n, p.chunk_id, p.document_id, p.filename, p.start_char,
+                                p.end_char, attributed, spans))  # fmt: skip
+    return out
+
+
+def visible_in(db: Database, tenant_id: str, collection_id: str) -> Visible:
+    def visible(ids: Sequence[int]) -> set[int]:
+        with db.read() as session:
+            return chunks.visible_ids(session, tenant_id, collection_id, ids)
+
+    return visible
+
+
+def cite(
+    db: Database,
+    tenant_id: str,
+    collection_id: str,
+    given: Sequence[Passage],
+    answer: str,
+    **how: object,
+) -> list[Citation]:
+    """The answer's citations among the passages `given` (numbered from 1) that the tenant
+    may still see (`how`: review's options)."""
+    reviewed = review(answer, given, **how)  # type: ignore[arg-type]
+    return citations(given, reviewed, visible_in(db, tenant_id, collection_id))

@@ -3,7 +3,10 @@
 `start` admits and submits (overload refused before any work: HTTP 429); `tokens` drains the
 engine's stream as text pieces, then one `Final`: the deadline stops it (finish reason
 `deadline`), a client that goes away cancels it and frees its KV blocks, markdown images are
-neutralised on the way, and the answer is cited against SQL at the end.
+neutralised on the way, and at the end each sentence is cited or reported unsupported or
+echoed (rag.answer.cite), the citations checked against SQL. Nothing is held back for that:
+the stream is the engine's, and the review is in the final event. An extracted answer
+(rag.answer.extract) goes the same way, without the generator.
 """
 
 from __future__ import annotations
@@ -13,10 +16,20 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rag.answer.cite import Citation, cite
+from rag.answer.cite import (
+    Attribution,
+    Citation,
+    Review,
+    Span,
+    Visible,
+    citations,
+    review,
+    visible_in,
+)
+from rag.answer.extract import Extracted, Quote
 from rag.deadline import Deadline
 from rag.engine.protocol import GenerationBackend, Prompt
 from rag.engine.sequence import (
@@ -40,6 +53,15 @@ CANCEL_GRACE_S = 0.5
 NO_USAGE = Usage(0, 0, 0)
 
 
+@dataclass(frozen=True)
+class ReviewOptions:
+    """How the answer's sentences are checked (AskSettings): rag.answer.cite.review."""
+
+    how: Attribution = "sentence"
+    threshold: float = 0.5
+    instruction: tuple[str, ...] = ()  # the system instruction's sentences
+
+
 @dataclass
 class Prepared:
     """What exists before the first token: the passages given and the running generation."""
@@ -56,6 +78,9 @@ class Prepared:
     canned_reason: str | None = None
     submitted_at: float = 0.0
     prompt_tokens: int = 0
+    mode: str = "generate"  # generate | extractive
+    extracted: Extracted | None = None  # the extractive mode's answer
+    review: ReviewOptions = ReviewOptions()
 
 
 @dataclass
@@ -64,7 +89,12 @@ class Final:
     citations: list[Citation]
     usage: Usage
     timings_ms: dict[str, float]
-    finish_reason: str  # stop | length | deadline | cancelled | error | no_passages | not_indexed
+    # stop | length | repetition | deadline | cancelled | error | no_passages | no_evidence
+    # | not_indexed
+    finish_reason: str
+    unsupported: list[Span] = field(default_factory=list)  # sentences no passage supports
+    echoed: list[Span] = field(default_factory=list)  # sentences of the system instruction
+    quotes: list[Quote] = field(default_factory=list)  # the extractive mode's sentences
 
 
 def admit(engine: GenerationBackend) -> None:
@@ -101,12 +131,27 @@ def cancel(services: Services, prep: Prepared) -> None:
 async def tokens(services: Services, prep: Prepared) -> AsyncGenerator[str | Final, None]:
     """The answer's text as it is written, then one Final (with the time of each stage).
     Closing this iterator early (a client that went away) cancels the generation."""
-    if prep.stream is None:
+    engine = services.engine if prep.stream is not None else None
+    visible = visible_in(services.db, prep.tenant_id, prep.collection_id)
+    async with contextlib.aclosing(stream(engine, prep, visible)) as items:
+        async for item in items:
+            yield item
+
+
+async def stream(
+    engine: GenerationBackend | None, prep: Prepared, visible: Visible
+) -> AsyncGenerator[str | Final, None]:
+    """`tokens` for a given engine and SQL check (`visible`: chunk ids -> those the caller
+    may still see), so a benchmark can run the same path over passages of its own."""
+    if prep.extracted is not None:
+        async for item in _extracted(prep, visible):
+            yield item
+        return
+    if prep.stream is None or engine is None:
         text = prep.canned or ""
         yield text
         yield Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
         return
-    engine = services.engine
     pieces: list[str] = []
     usage = Usage(prep.prompt_tokens, 0, 0)
     reason = "stop"
@@ -170,12 +215,50 @@ async def tokens(services: Services, prep: Prepared) -> AsyncGenerator[str | Fin
     timings["generate"] = round((now - prep.submitted_at) * 1000.0, 3)
     answer = "".join(pieces)
     t = time.perf_counter()
-    citations = await asyncio.to_thread(
-        cite, services.db, prep.tenant_id, prep.collection_id, prep.passages, answer
-    )
+    cited, unsupported, echoed = await asyncio.to_thread(_review, prep, answer, visible)
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
-    yield Final(answer, citations, usage, timings, reason)
+    yield Final(answer, cited, usage, timings, reason, unsupported, echoed)
+
+
+def _review(
+    prep: Prepared, answer: str, visible: Visible
+) -> tuple[list[Citation], list[Span], list[Span]]:
+    opts = prep.review
+    reviewed = review(
+        answer, prep.passages, threshold=opts.threshold, instruction=opts.instruction,
+        how=opts.how,
+    )  # fmt: skip
+    return citations(prep.passages, reviewed, visible), reviewed.unsupported, reviewed.echoed
+
+
+async def _extracted(prep: Prepared, visible: Visible) -> AsyncGenerator[str | Final, None]:
+    """The extractive answer: its text at once, then a Final with its quotes and their
+    citations (only those whose chunk the caller may still see)."""
+    assert prep.extracted is not None
+    t = time.perf_counter()
+    allowed = await asyncio.to_thread(visible, sorted({q.chunk_id for q in prep.extracted.quotes}))
+    quotes = [q for q in prep.extracted.quotes if q.chunk_id in allowed]
+    # A quote may hold brackets of its own (x[0]): its citation comes from the quote, never
+    # from parsing the text.
+    pieces: list[str] = []
+    spans: dict[int, list[Span]] = {}
+    at = 0
+    for q in quotes:
+        piece = f"{q.text} [{q.marker}]"
+        spans.setdefault(q.marker, []).append((at, at + len(piece)))
+        pieces.append(piece)
+        at += len(piece) + 1
+    answer = " ".join(pieces)
+    if answer:
+        yield answer
+    reviewed = Review([(n, tuple(s), False) for n, s in spans.items()])
+    cited = citations(prep.passages, reviewed, lambda ids: allowed & set(ids))
+    timings = dict(prep.timings_ms)
+    timings["cite"] = _ms(t)
+    timings["total"] = round(prep.deadline.elapsed_ms(), 3)
+    yield Final(answer, cited, NO_USAGE, timings, "stop" if quotes else "no_evidence",
+                quotes=quotes)  # fmt: skip
 
 
 async def collect(services: Services, prep: Prepared) -> Final:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.api.schemas import INT_MAX, NOT_BLANK, PassageOut, Request, SearchFilter
+from rag.engine.protocol import KvReuse
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage
 
@@ -38,6 +39,27 @@ class AskIn(Request):
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: list[StopString] | None = Field(None, max_length=MAX_STOPS)
     budget_ms: float | None = Field(None, gt=0, le=600_000, description="whole-request budget")
+    kv_reuse: KvReuse | None = Field(
+        None,
+        description="blend: reuse each passage's cached KV (fastest first token); prefix: only "
+        "an identical prompt prefix; off: compute the whole prompt. None: the collection's "
+        "default (search-defaults), else the service's (RAG_ENGINE__KV_REUSE)",
+    )
+    mode: Literal["generate", "extractive"] | None = Field(
+        None,
+        description="generate: the generator writes the answer; extractive: the passage "
+        "sentences that answer best, quoted with their spans, without the generator. None: "
+        "the collection's default (search-defaults), else the service's (RAG_ASK__MODE)",
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2, le=2, description="OpenAI's, over the answer's tokens; None: RAG_ASK__*"
+    )
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="OpenAI's, over the answer's tokens; None: RAG_ASK__*"
+    )
+    repetition_penalty: float | None = Field(
+        None, gt=0, le=4, description="transformers' rule, over the answer's tokens"
+    )
     stream: bool = False
 
     @field_validator("question", mode="before")
@@ -58,18 +80,43 @@ class CitationOut(BaseModel):
     attributed: bool = Field(
         False, description="true when the answer had no [n] marker and the server attributed it"
     )
+    sentences: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="the answer's sentences that cite it: [start, end) characters of `answer`",
+    )
+
+
+class QuoteOut(BaseModel):
+    marker: int = Field(description="the passage's [n]")
+    chunk_id: int
+    document_id: str
+    text: str = Field(description="the sentence, as in the document")
+    start_char: int = Field(description="span of the sentence in the document's extracted text")
+    end_char: int
+    score: float = Field(description="its share of the question's weighted terms")
 
 
 class UsageOut(BaseModel):
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int = Field(description="prompt tokens found in the prefix cache")
+    reused_tokens: int = Field(
+        0, description="prompt tokens of passages whose KV came from the passage cache"
+    )
+    recomputed_tokens: int = Field(
+        0, description="tokens of reused passages recomputed in place (their first tokens)"
+    )
+    computed_tokens: int = Field(0, description="prompt tokens computed fresh")
     generated_tokens: int
 
     @classmethod
     def of(cls, u: Usage) -> UsageOut:
+        taken = u.cached_prompt_tokens + u.reused_prompt_tokens + u.recomputed_prompt_tokens
         return cls(
             prompt_tokens=u.prompt_tokens,
             cached_tokens=u.cached_prompt_tokens,
+            reused_tokens=u.reused_prompt_tokens,
+            recomputed_tokens=u.recomputed_prompt_tokens,
+            computed_tokens=max(0, u.prompt_tokens - taken),
             generated_tokens=u.completion_tokens,
         )
 
@@ -85,7 +132,21 @@ class AskOut(BaseModel):
     usage: UsageOut
     timings_ms: dict[str, float]
     finish_reason: str = Field(
-        description="stop | length | deadline | cancelled | error | no_passages | not_indexed"
+        description="stop | length | repetition (the answer began repeating itself) | deadline "
+        "| cancelled | error | no_passages (nothing relevant) | no_evidence (the passages lack "
+        "the question's names or terms; nothing generated) | not_indexed"
+    )
+    mode: str = Field("generate", description="generate | extractive")
+    unsupported: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="sentences of `answer` no given passage supports ([start, end) characters): "
+        "uncited, not facts from the documents",
+    )
+    echoed: list[tuple[int, int]] = Field(
+        default_factory=list, description="sentences of `answer` that repeat the instructions"
+    )
+    quotes: list[QuoteOut] = Field(
+        default_factory=list, description="extractive mode: the sentences quoted"
     )
     knobs: dict[str, Any] = Field(default_factory=dict)
     degradations: list[str] = Field(default_factory=list)
@@ -183,13 +244,15 @@ class ChatCompletionIn(Request):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
     user: str | None = Field(None, max_length=256)
-    # ignored, accepted so that ordinary clients work
+    # over the answer's tokens, as OpenAI defines them; None: 0, or for a collection the
+    # service's grounded-answer defaults (RAG_ASK__*)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     top_k: int | None = Field(None, ge=0, le=1000, description="0: off")
     # ragserve extensions (the openai client sends them with extra_body)
     k: int | None = Field(None, ge=1, le=200)
     budget_ms: float | None = Field(None, gt=0, le=600_000)
+    mode: Literal["generate", "extractive"] | None = Field(None, description="as in /ask")
 
     @model_validator(mode="after")
     def _bounded_text(self) -> ChatCompletionIn:

@@ -2,7 +2,8 @@
 
 The stream is three kinds of events, in order: one ``passages`` (what the model was given,
 numbered from [1]), any number of ``token`` (text as it is written), and one ``final``
-(answer, citations, usage, timings, finish reason). Errors found before the first token (bad
+(answer, citations, the sentences no passage supports, usage, timings, finish reason; in
+extractive mode the quotes with their spans). Errors found before the first token (bad
 input, unknown collection, overload) are ordinary HTTP errors, never a started stream.
 """
 
@@ -24,7 +25,7 @@ from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
-from rag.api.schemas_ask import AskIn, AskOut, CitationOut, UsageOut, passages_out
+from rag.api.schemas_ask import AskIn, AskOut, CitationOut, QuoteOut, UsageOut, passages_out
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
@@ -62,6 +63,11 @@ def ask_request(body: AskIn) -> AskRequest:
             stop=tuple(body.stop or ()),
         ),  # fmt: skip
         budget_ms=body.budget_ms,
+        kv_reuse=body.kv_reuse,
+        mode=body.mode,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        repetition_penalty=body.repetition_penalty,
     )
 
 
@@ -73,6 +79,10 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "usage": UsageOut.of(final.usage).model_dump(),
         "timings_ms": final.timings_ms,
         "finish_reason": final.finish_reason,
+        "mode": prep.mode,
+        "unsupported": final.unsupported,
+        "echoed": final.echoed,
+        "quotes": [QuoteOut(**asdict(q)).model_dump() for q in final.quotes],
         "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],
         "partial": search.partial if search else False,

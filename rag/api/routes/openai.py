@@ -3,12 +3,17 @@
 `model` chooses what answers:
 
 - a collection of the caller's tenant, by id or by name: a grounded answer over it (the last
-  user message is the question, earlier turns are not used for retrieval); its citations come
-  back in the extra field `sources` (and the passages given in `passages`), on the response and
-  on the final chunk of a stream;
+  user message is the question, earlier turns are not used for retrieval); the passages given
+  come back in the extra field `sources`, each marked `cited` or not with the answer's
+  sentences that cite it (and in full in `passages`), on the response and on the final chunk
+  of a stream;
 - the generator's own model name (``smollm2`` for the bundled model, the remote model's name
   with a remote backend): plain chat with no retrieval. Any authenticated key may use it: it
   reads no documents, and it is refused early like every generation when the engine is full.
+
+OpenAI's finish reasons are fixed: an answer the engine stopped because it began repeating
+itself finishes with "stop", and the choice's extra field `ragserve_finish_reason` says
+"repetition" (it carries ragserve's own reason on every response: no_evidence, deadline, ...).
 
 Errors are ordinary ragserve JSON errors, ``{"error": {"code", "message"}}``, which the
 official client reads as OpenAI errors.
@@ -20,7 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +149,18 @@ async def _complete(
         question = body.question()
         if question is None:  # the schema already says so
             raise Invalid("messages: no user message with text to answer")
-        req = AskRequest(question, Knobs(k=body.k), None, params, body.budget_ms)
+        req = AskRequest(
+            question, Knobs(k=body.k), None, params, body.budget_ms, mode=body.mode,
+            frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+        )  # fmt: skip
         prep = await prepare_answer(services, tenant_id, collection.id, req)
     elif body.model == generator_model(services.settings):
         messages = [(m.role, m.text()) for m in body.messages]
+        params = replace(
+            params,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            presence_penalty=body.presence_penalty or 0.0,
+        )
         prep = await chat.prepare(services, tenant_id, messages, params, body.budget_ms)
     else:
         raise NotFound(f"model {body.model!r} is neither a collection of yours nor the generator")
@@ -170,6 +183,7 @@ async def _complete(
                     "index": 0,
                     "message": {"role": "assistant", "content": final.answer},
                     "finish_reason": _REASONS.get(final.finish_reason, "stop"),
+                    "ragserve_finish_reason": final.finish_reason,
                     "logprobs": None,
                 }
             ],
@@ -191,13 +205,18 @@ async def _complete(
 async def _chunks(
     services: Services, prep: Prepared, cid: str, created: int, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
+    def chunk(
+        delta: dict[str, Any], reason: str | None = None, own: str | None = None, **extra: Any
+    ) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        if own is not None:
+            choice["ragserve_finish_reason"] = own
         payload = {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}],
+            "choices": [choice],
             **extra,
         }
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
@@ -217,7 +236,7 @@ async def _chunks(
                 yield f"data: {json.dumps(failure)}\n\n".encode()
                 continue
             reason = _REASONS.get(item.finish_reason, "stop")
-            yield chunk({}, reason, **_extras(prep, item), usage=_usage(item))
+            yield chunk({}, reason, item.finish_reason, **_extras(prep, item), usage=_usage(item))
             if include_usage:
                 usage_only = {
                     "id": cid, "object": "chat.completion.chunk", "created": created,
@@ -235,13 +254,41 @@ def _usage(final: Final) -> dict[str, Any]:
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": u.cached_prompt_tokens,
+            # ragserve's own: passage KV reused from the passage cache, and recomputed.
+            "reused_tokens": u.reused_prompt_tokens,
+            "recomputed_tokens": u.recomputed_prompt_tokens,
+        },
     }
 
 
 def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
     return {
-        "sources": [asdict(c) for c in final.citations],
+        "sources": sources(prep, final),
         "passages": [p.model_dump() for p in passages_out(prep.passages)],
-        "ragserve": {"finish_reason": final.finish_reason, "timings_ms": final.timings_ms},
+        "ragserve": {
+            "finish_reason": final.finish_reason,
+            "mode": prep.mode,
+            "unsupported": final.unsupported,
+            "echoed": final.echoed,
+            "quotes": [asdict(q) for q in final.quotes],
+            "timings_ms": final.timings_ms,
+        },
     }
+
+
+def sources(prep: Prepared, final: Final) -> list[dict[str, Any]]:
+    """Every passage given, [1] first, marked `cited` when the answer cites it (a marker it
+    wrote, or sentences the server attributed to it: `attributed`)."""
+    cited = {c.marker: c for c in final.citations}
+    out = []
+    for n, p in enumerate(prep.passages, start=1):
+        c = cited.get(n)
+        out.append({
+            "marker": n, "chunk_id": p.chunk_id, "document_id": p.document_id,
+            "filename": p.filename, "start_char": p.start_char, "end_char": p.end_char,
+            "cited": c is not None, "attributed": c is not None and c.attributed,
+            "sentences": list(c.sentences) if c is not None else [],
+        })  # fmt: skip
+    return out

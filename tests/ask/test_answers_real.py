@@ -1,0 +1,119 @@
+"""Answers with the real models (SmolLM2-135M and all-MiniLM-L6-v2) over real HTTP: refusal of a
+question the documents do not answer (without the generator) and none of one they do, valid
+citations and `sources` through the official openai client, an extractive answer whose spans
+are the document's text, and a looping answer stopped with finish reason `repetition`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rag.answer import NOT_FOUND
+from rag.config import AskSettings
+from tests.ask.conftest import Borrowed, LiveApi, ingest, parse_sse
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+FACTS = [
+    "The ferry to the island leaves from pier four at nine every morning.",
+    "Storm warnings are broadcast on marine radio channel sixteen.",
+    "The fish market opens before dawn and closes at noon on Sundays.",
+    "Hotel costs are reimbursed up to 180 euros per night in Berlin.",
+    "The VPN client is called WireGuard. Install it from the software centre.",
+]
+
+
+def _valid(final: dict[str, Any], given: list[dict[str, Any]]) -> None:
+    for c in final["citations"]:
+        assert 1 <= c["marker"] <= len(given)
+        assert c["chunk_id"] == given[c["marker"] - 1]["chunk_id"]
+        for s, e in c["sentences"]:
+            assert 0 <= s < e <= len(final["answer"])
+
+
+def test_refuses_what_the_documents_do_not_say_and_answers_what_they_do(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
+) -> None:
+    # Every passage passes the relevance threshold, as in a large collection where some
+    # passage is always vaguely similar: the evidence decides.
+    update = {"ask": AskSettings(relevance_threshold=-1.0)}
+    api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
+    cid = api.collection(api.a, name="handbook")
+    ingest(api, api.a, cid, FACTS)
+    url = f"/v1/collections/{cid}/ask"
+    generated = smollm_engine.metrics().generated_tokens
+    for question in ("What is the capital of Vrelnia?", "What does the Zorblax X200 cost?"):
+        r = api.client.post(url, json={"question": question, "max_tokens": 32}, headers=api.a)
+        body = r.json()
+        assert body["finish_reason"] == "no_evidence" and body["answer"] == NOT_FOUND, body
+        assert body["citations"] == []
+    assert smollm_engine.metrics().generated_tokens == generated  # no generation at all
+
+    r = api.client.post(url, json={"question": "How much are hotel costs reimbursed in Berlin?",
+                                   "k": 3, "max_tokens": 48, "stream": True},
+                        headers=api.a)  # fmt: skip
+    events = parse_sse(r.text)
+    given, final = events[0][1]["passages"], events[-1][1]
+    assert final["finish_reason"] in ("stop", "length", "repetition"), final
+    assert "[n]" not in final["answer"]  # the literal placeholder of the old prompt
+    _valid(final, given)
+    assert smollm_engine.metrics().generated_tokens > generated
+
+
+def test_openai_client_gets_sources_for_the_passages_given(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
+) -> None:
+    import openai
+
+    update = {"ask": AskSettings(relevance_threshold=-1.0)}  # three passages given, always
+    api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
+    cid = api.collection(api.a, name="handbook")
+    docs = ingest(api, api.a, cid, FACTS)
+    key = api.a["Authorization"].removeprefix("Bearer ")
+    client = openai.OpenAI(base_url=f"{api.server.url}/v1", api_key=key, max_retries=0)
+    question = [{"role": "user", "content": "What is the VPN client called?"}]
+    out = client.chat.completions.create(model="handbook", messages=question, max_tokens=48,
+                                         frequency_penalty=0.5, extra_body={"k": 3})  # type: ignore[arg-type]  # fmt: skip
+    extra = out.model_extra or {}
+    sources, passages = extra["sources"], extra["passages"]
+    assert len(sources) == len(passages) == 3  # every passage given, not only the cited
+    assert [s["chunk_id"] for s in sources] == [p["chunk_id"] for p in passages]
+    assert all(s["document_id"] in docs for s in sources)
+    assert all(isinstance(s["cited"], bool) for s in sources)
+    reason = (out.choices[0].model_extra or {})["ragserve_finish_reason"]
+    assert out.choices[0].finish_reason == "stop" or reason == "length"
+    assert reason in ("stop", "length", "repetition")
+
+    # Extractive, per request: the quote's span is the document's own text.
+    texts = dict(zip(docs, FACTS, strict=True))
+    out = client.chat.completions.create(model="handbook", messages=question,
+                                         extra_body={"k": 3, "mode": "extractive"})  # type: ignore[arg-type]  # fmt: skip
+    extra = out.model_extra or {}
+    quotes = extra["ragserve"]["quotes"]
+    assert quotes and "WireGuard" in (out.choices[0].message.content or "")
+    for q in quotes:
+        assert texts[q["document_id"]][q["start_char"] : q["end_char"]] == q["text"]
+    assert [s["cited"] for s in extra["sources"]].count(True) == 1
+
+
+def test_a_looping_answer_stops_with_finish_reason_repetition(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
+) -> None:
+    """The issue's loop ("The VPN client is called WireGuard." until max_tokens), with the
+    prompt and sampling of before: the repetition guard alone ends it."""
+    update = {"ask": AskSettings.legacy(stop_repetition=True)}
+    api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
+    cid = api.collection(api.a, name="handbook")
+    ingest(api, api.a, cid, FACTS)
+    r = api.client.post(f"/v1/collections/{cid}/ask", headers=api.a, json={
+        "question": "What is the VPN client called?", "k": 2, "max_tokens": 200,
+    })  # fmt: skip
+    body = r.json()
+    assert body["finish_reason"] == "repetition", body
+    assert body["usage"]["generated_tokens"] < 200
+    question = [{"role": "user", "content": "What is the VPN client called?"}]
+    chat = {"model": "handbook", "k": 2, "max_tokens": 200, "messages": question}
+    choice = api.client.post("/v1/chat/completions", json=chat, headers=api.a).json()["choices"][0]
+    assert (choice["finish_reason"], choice["ragserve_finish_reason"]) == ("stop", "repetition")
