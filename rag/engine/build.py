@@ -159,6 +159,8 @@ def assemble(
         spec=spec,
         itl_target_ms=settings.itl_target_ms,
         recompute_first=settings.recompute_first,
+        recompute=settings.recompute,
+        recompute_ratio=settings.recompute_ratio,
     )
     return Engine(
         runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages

@@ -89,6 +89,16 @@ class EngineSettings(BaseModel):
         description="Tokens at the start of each reused passage recomputed in place (what "
         "repairs the attention its cached KV could not have to this prompt's other passages).",
     )
+    recompute: Literal["first", "deviation"] = Field(
+        default="first",
+        description="Which tokens of a reused passage are recomputed: its first "
+        "recompute_first tokens (EPIC), or those whose values deviate most from the cached "
+        "ones after the first layer, recompute_ratio of them (CacheBlend): every token of "
+        "the prompt goes through the first layer, the chosen ones through the rest.",
+    )
+    recompute_ratio: float = Field(
+        default=0.15, ge=0.0, le=1.0, description="The share recomputed by deviation."
+    )
     speculative: bool = Field(
         default=True,
         description="Speculative decoding by prompt lookup: draft the tokens that followed the "

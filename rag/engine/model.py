@@ -10,8 +10,9 @@ contiguous chunks); a token's slot is block_id * block_size + offset.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,10 @@ class AttentionMetadata:
     prefill_runs: list[tuple[tuple[int, int, int], ...] | None] | None = None
     # An explicit [q_len, ctx_len] visibility mask instead, where given (True = visible).
     prefill_biases: list[torch.Tensor | None] | None = None
+    # Recompute by deviation (rag.engine.passages): per prefill, which of its tokens are
+    # reused passage tokens ([q_len] bool) and how many of those to carry past the first
+    # layer (the rest keep their cached KV from the second layer on); None: all of them.
+    prefill_select: list[tuple[torch.Tensor, int] | None] | None = None
     # The compiled decode kernel (rag.engine.kernels) and what it reads instead of the bias:
     # each decode's context length, [B] long. None: the torch path below.
     decode_kernel: PagedDecode | None = None
@@ -118,6 +123,17 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     elif sc:
         raise ValueError(f"unsupported rope scaling {sc.get('rope_type', sc.get('type'))!r}")
     return inv_freq
+
+
+def position_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """Sorted positions as runs of consecutive ones: (offset, length, last position + 1)."""
+    out = []
+    start = 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            out.append((start, i - start, positions[i - 1] + 1))
+            start = i
+    return tuple(out)
 
 
 def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -367,9 +383,63 @@ class LlamaModel(nn.Module):
                 self.cfg.rms_norm_eps, self.cfg.head_dim**-0.5,
             )  # fmt: skip
             return self.norm(x)
+        kept: torch.Tensor | None = None
+        rows = x.shape[0]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_caches[i], meta)
-        return self.norm(x)  # [T, E]
+            if i == 0 and meta.prefill_select is not None and len(self.layers) > 1:
+                kept, meta = self._select(x, positions, kv_caches[1], meta)
+                x, cos, sin = x[kept], cos[kept], sin[kept]
+        x = self.norm(x)  # [T, E]
+        if kept is None:
+            return x
+        out = x.new_zeros(rows, x.shape[1])  # the rows left behind are never sampled
+        out[kept] = x
+        return out
+
+    def _select(
+        self,
+        x: torch.Tensor,  # [T, E]: after the first layer
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,  # the second layer's, holding the copied passages' KV
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """CacheBlend's choice: the reused tokens whose values at the second layer, computed
+        now in this prompt, deviate most from the cached ones, and every other token; the
+        attention metadata for those rows alone."""
+        assert meta.prefill_select is not None and meta.prefill_biases is None
+        t, hkv, d = x.shape[0], self.cfg.num_kv_heads, self.cfg.head_dim
+        second = cast(DecoderLayer, self.layers[1])
+        v = second.self_attn.qkv_proj(second.input_layernorm(x))[:, -hkv * d :].view(t, hkv, d)
+        cached = kv_cache[1].view(-1, d).index_select(0, meta.kv_rows).view(t, hkv, d)
+        deviation = (v.float() - cached.float()).square().sum(dim=(1, 2))  # [T]
+        keep = torch.ones(t, dtype=torch.bool, device=x.device)
+        for (q_start, _q_len, _ctx, _blocks), sel in zip(
+            meta.prefills, meta.prefill_select, strict=True
+        ):
+            if sel is None:
+                continue
+            candidates, n_keep = sel
+            idx = torch.nonzero(candidates).flatten() + q_start
+            if n_keep >= len(idx):
+                continue
+            dropped = torch.ones(len(idx), dtype=torch.bool, device=x.device)
+            dropped[torch.topk(deviation[idx], n_keep).indices] = False
+            keep[idx[dropped]] = False
+        kept = torch.nonzero(keep).flatten()
+        keep_list, pos_list = keep.tolist(), positions.tolist()
+        prefills, runs = [], []
+        start = meta.num_decodes
+        all_runs = meta.prefill_runs or [None] * len(meta.prefills)
+        for (q_start, q_len, ctx, blocks), old in zip(meta.prefills, all_runs, strict=True):
+            own = [pos_list[i] for i in range(q_start, q_start + q_len) if keep_list[i]]
+            prefills.append((start, len(own), ctx, blocks))
+            runs.append(None if old is None else position_runs(own))
+            start += len(own)
+        rows = meta.kv_rows.view(t, hkv)[kept].flatten()
+        return kept, replace(
+            meta, kv_rows=rows, prefills=prefills, prefill_runs=runs, prefill_select=None
+        )
 
     def fuse_decode(self, fused: FusedDecode | None) -> None:
         """Run decode steps of up to `fused.max_rows` sequences through compiled kernels

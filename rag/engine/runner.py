@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
-from rag.engine.model import AttentionMetadata, LlamaModel, rotate_keys
+from rag.engine.model import AttentionMetadata, LlamaModel, position_runs, rotate_keys
 from rag.engine.passages import Entry, PassageKVCache
 from rag.engine.rules import LogitRules
 from rag.engine.sampler import Sampler
@@ -27,17 +27,6 @@ logger = logging.getLogger(__name__)
 class KVCacheSpec:
     num_blocks: int
     block_size: int
-
-
-def position_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    """Sorted positions as runs of consecutive ones: (offset, length, last position + 1)."""
-    out = []
-    start = 0
-    for i in range(1, len(positions) + 1):
-        if i == len(positions) or positions[i] != positions[i - 1] + 1:
-            out.append((start, i - start, positions[i - 1] + 1))
-            start = i
-    return tuple(out)
 
 
 def kv_rows(block_table: list[int], positions: range, block_size: int, hkv: int) -> list[int]:
@@ -207,8 +196,14 @@ class ModelRunner:
                 # decode_bias: [B, 1, 1, L]
         meta_prefills = []
         runs: list[tuple[tuple[int, int, int], ...] | None] = []
+        select: list[tuple[torch.Tensor, int] | None] = []
         q_start = num_decodes
         for c in prefills:
+            if c.candidates is not None and any(c.candidates):
+                keep = round(c.recompute_ratio * sum(c.candidates))
+                select.append((torch.tensor(c.candidates, device=dev), keep))
+            else:
+                select.append(None)
             n = len(c.token_ids)
             ctx_len = (c.positions[-1] if c.positions is not None else c.start_pos + n - 1) + 1
             nblocks = -(-ctx_len // bs)
@@ -232,6 +227,7 @@ class ModelRunner:
             decode_bias=decode_bias,
             prefills=meta_prefills,
             prefill_runs=runs,
+            prefill_select=select if any(x is not None for x in select) else None,
             decode_kernel=self.decode_kernel if num_decodes else None,
             decode_context_lens=ctx,
         )

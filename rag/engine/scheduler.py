@@ -46,8 +46,11 @@ class SchedulerConfig:
     # Prompt tokens a step always admits while answers stream, so prompts still advance.
     min_prefill_chunk: int = 32
     # Passage KV reuse ("blend" prompts, rag.engine.passages): the first tokens of each
-    # reused passage that are recomputed in place.
+    # reused passage that are recomputed in place; or ("deviation") every token through the
+    # first layer, then the `recompute_ratio` of each reused passage that deviate most.
     recompute_first: int = 8
+    recompute: str = "first"
+    recompute_ratio: float = 0.15
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class ScheduledChunk:
     positions: list[int] | None = None
     copies: tuple[tuple[str, int, int], ...] = ()
     stores: tuple[tuple[str, int, int, int | None], ...] = ()
+    # Recompute by deviation: which tokens are reused passage tokens, and the share of them
+    # to carry past the first layer.
+    candidates: list[bool] | None = None
+    recompute_ratio: float = 0.0
 
 
 @dataclass
@@ -247,6 +254,10 @@ class Scheduler:
                 if plan is not None and plan.sparse:
                     # Blocks for the whole prompt at once: the copies land all over it.
                     num_new = min(plan.left, budget, prefill_left)
+                    if plan.candidates is not None:
+                        # In one step: the choice is made over the whole prompt; most of its
+                        # tokens only go through the first layer.
+                        num_new = plan.left
                     span = seq.num_tokens - num_hit_tokens
                 else:
                     num_new = min(seq.num_tokens - num_hit_tokens, budget, prefill_left)
@@ -348,7 +359,10 @@ class Scheduler:
         if seq.kv_reuse != "blend" or not seq.segments or self.passages is None:
             return None
         first = self.config.recompute_first
+        by_deviation = self.config.recompute == "deviation"
+        ratio = self.config.recompute_ratio
         positions: list[int] = []
+        candidates: list[bool] = []
         copies: list[tuple[str, int, int]] = []
         stores: list[tuple[str, int, int, int | None]] = []
         cursor = computed
@@ -362,8 +376,12 @@ class Scheduler:
                 # Stored once computed (a part inside the prefix hit is there already).
                 stores.append((span.key, span.start, n, span.chunk_id))
             elif span.start >= computed:  # else: inside the prefix hit, exact as it is
-                keep = min(first, n)
-                positions += range(cursor, span.start + keep)
+                keep = round(ratio * n) if by_deviation else min(first, n)
+                positions += range(cursor, span.start if by_deviation else span.start + keep)
+                candidates += [False] * (len(positions) - len(candidates))
+                if by_deviation:  # all through the first layer, `keep` of them past it
+                    positions += range(span.start, span.end)
+                    candidates += [True] * n
                 copies.append((span.key, span.start, n))
                 reused += n - keep
                 recomputed += keep
@@ -371,6 +389,7 @@ class Scheduler:
         if not copies and not stores:
             return None
         positions += range(cursor, seq.num_tokens)
+        candidates += [False] * (len(positions) - len(candidates))
         if seq.num_preemptions == 0:
             seq.num_reused_tokens, seq.num_recomputed_tokens = reused, recomputed
             self.num_passage_hits += len(copies)
@@ -379,7 +398,10 @@ class Scheduler:
         if copies:
             # Blocks past the first copy hold approximate KV: never shared as an exact prefix.
             seq.exact_until = copies[0][1]
-        return ReusePlan(positions, tuple(copies), tuple(stores), seq.num_tokens)
+        return ReusePlan(
+            positions, tuple(copies), tuple(stores), seq.num_tokens,
+            candidates=candidates if by_deviation and copies else None, ratio=ratio,
+        )  # fmt: skip
 
     def _chunk(
         self, seq: Sequence, num_new: int, drafts: list[int] | None = None
@@ -398,6 +420,10 @@ class Scheduler:
                 positions=positions,
                 copies=plan.copies if plan.done == 0 else (),
                 stores=plan.stores if last else (),
+                candidates=(
+                    plan.candidates[plan.done : plan.done + num_new] if plan.candidates else None
+                ),
+                recompute_ratio=plan.ratio,
             )
         start = seq.num_computed_tokens
         drafts = drafts or []

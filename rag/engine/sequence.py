@@ -124,6 +124,10 @@ class ReusePlan:
     stores: tuple[tuple[str, int, int, int | None], ...]  # (key, position, tokens, chunk id)
     end: int  # the sequence's length when planned: computed up to here once done
     done: int = 0  # positions computed so far
+    # Recompute by deviation: which of `positions` are reused passage tokens (computed in the
+    # first layer, then only the `ratio` whose values deviate most from the cached ones).
+    candidates: list[bool] | None = None
+    ratio: float = 0.0
 
     @property
     def sparse(self) -> bool:

@@ -90,11 +90,11 @@ def run(engine, p: SegmentedPrompt, n: int = 10):  # type: ignore[no-untyped-def
     return asyncio.run(go())
 
 
-def make(recompute_first: int = 4, stored: str = "auto"):  # type: ignore[no-untyped-def]
+def make(recompute_first: int = 4, stored: str = "auto", **kw):  # type: ignore[no-untyped-def]
     settings = EngineSettings(
         device="cpu", dtype="float32", weights="float32", speculative=False, num_kv_blocks=64,
         block_size=4, max_model_len=400, recompute_first=recompute_first, passage_cache_mb=16,
-        passage_cache_dtype=stored,
+        passage_cache_dtype=stored, **kw,
     )  # fmt: skip
     return engine_for_model(tiny(), CharTokenizer(), (), settings)
 
@@ -245,5 +245,29 @@ def test_blend_prompts_survive_preemption_and_cancellation():
         assert [str(r) for r in reasons] == ["length", "length", "cancelled", "length"]
         m = engine.metrics()
         assert m.preemptions > 0 and m.kv_blocks_used == 0
+    finally:
+        engine.close()
+
+
+def test_recomputing_by_deviation_everything_is_full_prefill_and_a_share_is_a_share():
+    """CacheBlend's choice: with a ratio of 1 every reused token is carried past the first
+    layer (the exact computation); with 0.25 a quarter of them are, the rest keep their
+    cached KV, and the answer still runs."""
+    engine = make(recompute="deviation", recompute_ratio=1.0)
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))
+        blended, usage = run(engine, prompt([1, 2, 0], "blend"), n=16)
+        assert usage.recomputed_prompt_tokens == sum(len(p) for p in PASSAGES)
+        exact, _ = run(engine, prompt([1, 2, 0], "off"), n=16)
+        assert blended == exact
+    finally:
+        engine.close()
+    engine = make(recompute="deviation", recompute_ratio=0.25)
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))
+        tokens, usage = run(engine, prompt([2, 0, 1], "blend"), n=16)
+        expected = sum(round(0.25 * len(p)) for p in PASSAGES)
+        assert usage.recomputed_prompt_tokens == expected and len(tokens) == 16
+        assert usage.reused_prompt_tokens == sum(len(p) for p in PASSAGES) - expected
     finally:
         engine.close()
