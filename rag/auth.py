@@ -10,14 +10,10 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rag.db import Database, IntegrityError
+from rag.db import Database, IntegrityError, Session
 from rag.db import keys as key_rows
 from rag.errors import Forbidden, Invalid, Unauthorized
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,8 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from sqlalchemy.orm import Session
-
 from rag.config import QuotaSettings
-from rag.db import usage
+from rag.db import Session, usage
 from rag.errors import Overloaded, QuotaExceeded
 
 _MB = 1024 * 1024

@@ -95,6 +95,9 @@ class Final:
     unsupported: list[Span] = field(default_factory=list)  # sentences no passage supports
     echoed: list[Span] = field(default_factory=list)  # sentences of the system instruction
     quotes: list[Quote] = field(default_factory=list)  # the extractive mode's sentences
+    # finish reason "repetition": the answer's tail that repeats its earlier text (already
+    # streamed; a client may hide it)
+    repeated: Span | None = None
 
 
 def admit(engine: GenerationBackend) -> None:
@@ -218,7 +221,19 @@ async def stream(
     cited, unsupported, echoed = await asyncio.to_thread(_review, prep, answer, visible)
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
-    yield Final(answer, cited, usage, timings, reason, unsupported, echoed)
+    repeated = repeated_tail(answer) if reason == "repetition" else None
+    yield Final(answer, cited, usage, timings, reason, unsupported, echoed, repeated=repeated)
+
+
+def repeated_tail(answer: str, shortest: int = 8) -> Span | None:
+    """The longest end of `answer` (at least `shortest` characters) that starts earlier in
+    it too: what a loop wrote again before the engine stopped it."""
+    best = None
+    size = shortest
+    while size < len(answer) and answer.find(answer[-size:]) < len(answer) - size:
+        best = (len(answer) - size, len(answer))
+        size += 1
+    return best
 
 
 def _review(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rag.answer import prompt as prompts
 from rag.db import chunks, collections
 from rag.engine.sequence import SamplingParams
-from rag.errors import Invalid
+from rag.errors import Conflict
 
 if TYPE_CHECKING:
     from rag.services import Services
@@ -38,10 +38,10 @@ class WarmPassage:
 def passages(
     services: Services, tenant_id: str, collection_id: str, limit: int
 ) -> list[WarmPassage]:
-    """What a warm-up will compute (404 for another tenant's or a missing collection; 422
-    when the generator keeps no passage cache)."""
+    """What a warm-up will compute (404 for another tenant's or a missing collection; 409
+    when the generator keeps no passage cache: the server's state, not the request's)."""
     if services.engine.metrics().passages.capacity_bytes <= 0:
-        raise Invalid("the generator keeps no passage cache (RAG_ENGINE__PASSAGE_CACHE_MB=0 "
+        raise Conflict("the generator keeps no passage cache (RAG_ENGINE__PASSAGE_CACHE_MB=0 "
                       "or a remote generator)")  # fmt: skip
     with services.db.read() as session:
         collections.get(session, tenant_id, collection_id)

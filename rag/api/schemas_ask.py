@@ -148,6 +148,9 @@ class AskOut(BaseModel):
     quotes: list[QuoteOut] = Field(
         default_factory=list, description="extractive mode: the sentences quoted"
     )
+    repeated: tuple[int, int] | None = Field(
+        None, description="finish reason repetition: the end of `answer` that repeats it"
+    )
     knobs: dict[str, Any] = Field(default_factory=dict)
     degradations: list[str] = Field(default_factory=list)
     partial: bool = False

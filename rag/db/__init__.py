@@ -6,7 +6,9 @@ this package builds SQL.
 """
 
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from rag.db.session import Database
 
-__all__ = ["Database", "IntegrityError"]
+# Session: the type of what Database.read() / .write() yield, for callers' signatures.
+__all__ = ["Database", "IntegrityError", "Session"]

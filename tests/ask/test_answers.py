@@ -235,7 +235,10 @@ def test_a_repetition_stop_surfaces_in_ask_and_in_the_openai_extra_field(
     api = _api(make_api, sqlite_url, hash_embedder, engine)
     cid = api.collection(api.a, name="harbour")
     ingest(api, api.a, cid, FACTS)
-    assert _ask(api, cid).json()["finish_reason"] == "repetition"
+    body = _ask(api, cid).json()
+    assert body["finish_reason"] == "repetition"
+    s, e = body["repeated"]  # the tail the loop wrote again, for a client to hide
+    assert body["answer"][s:e] == "Channel sixteen." and e == len(body["answer"])
     final = parse_sse(_ask(api, cid, stream=True).text)[-1][1]
     assert final["finish_reason"] == "repetition"
     chat = {"model": "harbour", "messages": [{"role": "user", "content": "Storm channel?"}]}
@@ -268,3 +271,14 @@ def test_openai_sources_list_the_passages_given_marking_those_cited(
         cited = [s for s in sources if s["cited"]]
         assert len(cited) == 1 and cited[0]["attributed"] and cited[0]["sentences"]
         assert "Storm" in passages[cited[0]["marker"] - 1]["text"]
+
+
+def test_warming_without_a_passage_cache_is_a_409_conflict(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    api = _api(make_api, sqlite_url, hash_embedder, FakeEngine())
+    cid = api.collection(api.a)
+    r = api.client.post(f"/v1/collections/{cid}/warm", headers=api.a)
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "conflict"
+    assert "passage cache" in r.json()["error"]["message"]

@@ -13,6 +13,7 @@ import pytest
 
 from rag.answer.prompt import SYSTEM
 from rag.auth import create_key
+from rag.config import AskSettings, PurgeSettings
 from rag.engine import EngineSettings
 from tests.ask.conftest import Borrowed, LiveApi, ingest, parse_sse
 
@@ -174,3 +175,52 @@ def test_two_tenants_with_the_same_prompt_share_no_cached_prompt_blocks(
     cached("a")
     assert cached("b") == 0  # the same prompt, another tenant: no block in common
     assert cached("a") > 0  # its own repeat hits its own blocks
+
+
+def test_passages_kv_is_reused_across_questions_and_dropped_on_delete(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
+) -> None:
+    """Two questions over the same passages: the second copies their KV from the passage
+    cache (usage says how much); `kv_reuse` per request turns it off; a deleted document's
+    passages leave the engine's cache."""
+    update = {
+        "purge": PurgeSettings(interval_s=0.1),
+        "ask": AskSettings(relevance_threshold=-1.0),  # all three passages, every question
+    }
+    api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
+    cid = api.collection(api.a)
+    docs = ingest(api, api.a, cid, FACTS)
+    url = f"/v1/collections/{cid}/ask"
+
+    def usage(question: str, **body: Any) -> dict[str, Any]:
+        r = api.client.post(url, json={"question": question, "k": 3, "max_tokens": 8, **body},
+                            headers=api.a)  # fmt: skip
+        assert r.status_code == 200, r.text
+        return dict(r.json()["usage"])
+
+    first = usage("When does the ferry leave?")
+    assert first["reused_tokens"] == 0  # all new: computed, then stored
+    second = usage("Which radio channel carries storm warnings?")
+    assert second["reused_tokens"] > 20 and second["recomputed_tokens"] > 0, second
+    parts = ("cached_tokens", "reused_tokens", "recomputed_tokens", "computed_tokens")
+    assert sum(second[p] for p in parts) == second["prompt_tokens"]
+    assert second["computed_tokens"] < first["computed_tokens"]
+    off = usage("Which radio channel carries storm warnings?", kv_reuse="off")
+    assert off["reused_tokens"] == off["cached_tokens"] == 0
+    # The collection's default: prefix, unless a request says otherwise.
+    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"kv_reuse": "prefix"},
+                       headers=api.a)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert usage("Where does the ferry leave from?")["reused_tokens"] == 0
+    # (A repeat of that prompt would be one prefix hit: nothing left to reuse.)
+    assert usage("Is the fish market open on Sunday?", kv_reuse="blend")["reused_tokens"] > 0
+
+    cache = smollm_engine.passages
+    assert cache is not None
+    before = len(cache)
+    for doc in docs:
+        assert api.client.delete(f"/v1/documents/{doc}", headers=api.a).status_code == 204
+    deadline = time.monotonic() + 20
+    while len(cache) > before - len(FACTS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(cache) <= before - len(FACTS)

@@ -50,17 +50,25 @@ def test_a_request_submitted_from_a_thread_streams_on_the_given_loop(fake_engine
     asyncio.run(main())
 
 
-def test_concurrent_requests_are_batched(fake_engine):
+def test_concurrent_requests_are_batched():
+    # Steps take 10 ms, as a model's would: the later submits join the first one's steps
+    # even when the engine thread runs ahead of the event loop (on a busy machine it ran all
+    # six steps of an instant runner before the second submit).
+    engine = make_fake_engine(step_delay_s=0.01)
+
     async def main():
         prompts = ["a", "hello", "xyz" * 5]
         outs = await asyncio.gather(
-            *[collect(fake_engine.submit(p, SamplingParams(max_tokens=6))) for p in prompts]
+            *[collect(engine.submit(p, SamplingParams(max_tokens=6))) for p in prompts]
         )
         for p, (text, _) in zip(prompts, outs, strict=True):
             assert text == "".join(chr(ord(p[-1]) + i) for i in range(1, 7))
-        assert any(len(s.chunks) > 1 for s in fake_engine.runner.steps)
+        assert any(len(s.chunks) > 1 for s in engine.runner.steps)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
 
 
 def test_stop_string_truncates_and_finishes(fake_engine):

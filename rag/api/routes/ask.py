@@ -82,6 +82,7 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "mode": prep.mode,
         "unsupported": final.unsupported,
         "echoed": final.echoed,
+        "repeated": final.repeated,
         "quotes": [QuoteOut(**asdict(q)).model_dump() for q in final.quotes],
         "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],

@@ -188,7 +188,7 @@ async def rebuild_index(
 
 
 @router.post(
-    "/{collection_id}/warm", status_code=202, response_model=WarmOut, responses=errors(404)
+    "/{collection_id}/warm", status_code=202, response_model=WarmOut, responses=errors(404, 409)
 )
 async def warm_passages(
     collection_id: CollectionId,
@@ -200,7 +200,7 @@ async def warm_passages(
 ) -> WarmOut:
     """Compute the KV of the collection's passages (its first `limit` chunks) into the
     generator's passage cache in the background, one prompt at a time, until the cache is
-    full: the first questions over them then reuse it. 422 when the generator keeps none."""
+    full: the first questions over them then reuse it. 409 when the generator keeps none."""
     items = await pools.db.run(warm.passages, services, principal.tenant_id, collection_id, limit)
     background.add_task(warm.warm, services, principal.tenant_id, items)
     return WarmOut(passages=len(items))

@@ -272,6 +272,7 @@ def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
             "mode": prep.mode,
             "unsupported": final.unsupported,
             "echoed": final.echoed,
+            "repeated": final.repeated,
             "quotes": [asdict(q) for q in final.quotes],
             "timings_ms": final.timings_ms,
         },
