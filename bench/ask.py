@@ -28,6 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _data import shared  # noqa: E402
+from _sse import events  # noqa: E402
 
 from rag.api.loopback import LiveServer  # noqa: E402
 from rag.auth import create_key  # noqa: E402
@@ -81,18 +82,13 @@ def ask_one(client: httpx.Client, headers: dict[str, str], cid: str, q: str, max
     body = {"question": q, "k": 4, "max_tokens": max_tokens, "stream": True}
     with client.stream("POST", f"/v1/collections/{cid}/ask", json=body, headers=headers) as r:
         r.raise_for_status()
-        event = ""
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data = json.loads(line[5:])
-                if event == "passages":
-                    given = data["passages"]
-                elif event == "token" and ttft is None:
-                    ttft = time.perf_counter() - t0
-                elif event == "final":
-                    final = data
+        for event, data in events(r):
+            if event == "passages":
+                given = data["passages"]
+            elif event == "token" and ttft is None:
+                ttft = time.perf_counter() - t0
+            elif event == "final":
+                final = data
     e2e = time.perf_counter() - t0
     ids = {p["chunk_id"] for p in given}
     invalid = sum(
