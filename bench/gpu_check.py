@@ -55,7 +55,8 @@ class ByteTokenizer:
 def random_models(seed: int = 0):  # type: ignore[no-untyped-def]
     import transformers
 
-    from rag.engine.model import LlamaModel, ModelConfig
+    from rag.engine.model import LlamaModel
+    from rag.engine.model_config import ModelConfig
 
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(**SMOLLM2_SHAPE)
@@ -131,8 +132,8 @@ def parity(hf, ours, n_prompts: int, new_tokens: int) -> tuple[float, int, int]:
 
 
 def _prefill_hidden(runner, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    from rag.engine.scheduler import ScheduledChunk
     from rag.engine.sequence import SamplingParams
+    from rag.engine.step import ScheduledChunk
 
     bs = runner.block_size
     table = list(range(-(-len(ids) // bs)))

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag.api.schemas import INT_MAX, NOT_BLANK, PassageOut, Request, SearchFilter
+from rag.api.schemas import INT_MAX, NOT_BLANK, Request
+from rag.api.schemas_search import PassageOut, SearchFilter
 from rag.engine.protocol import KvReuse
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage

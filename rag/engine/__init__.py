@@ -8,7 +8,7 @@ build_engine() loads the model.
 
 from rag.engine.build import build_engine
 from rag.engine.config import EngineSettings
-from rag.engine.engine import Engine, RequestStream
+from rag.engine.engine import Engine
 from rag.engine.protocol import EngineMetrics, GenerationBackend, Prompt
 from rag.engine.sequence import (
     EngineError,
@@ -19,6 +19,7 @@ from rag.engine.sequence import (
     TokenEvent,
     Usage,
 )
+from rag.engine.stream import RequestStream
 
 __all__ = [
     "Engine",

@@ -8,19 +8,17 @@ request's asyncio queue. Nothing here imports torch: the runner does (rag.engine
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from rag.engine.blocks import BlockManager
 from rag.engine.passages import PassageKVCache, PassageStats
 from rag.engine.protocol import EngineMetrics, Prompt, Runner, SegmentedPrompt, Tokenizer
-from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from rag.engine.scheduler import Scheduler, SchedulerConfig
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -31,52 +29,10 @@ from rag.engine.sequence import (
     TokenEvent,
     Usage,
 )
+from rag.engine.step import ModelRunnerOutput, SchedulerOutput
+from rag.engine.stream import Pending, RequestStream, deliver
 
 logger = logging.getLogger(__name__)
-
-
-_END = object()
-
-
-class RequestStream:
-    """Async iterator of one request's TokenEvents. Closing it early cancels the request."""
-
-    def __init__(self, engine: Engine, request_id: str):
-        self.request_id = request_id
-        self._engine = engine
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._done = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if item.finished:
-            self._done = True
-        return item
-
-    async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._engine.cancel(self.request_id)
-
-
-@dataclass
-class _Request:
-    seq: Sequence
-    stream: RequestStream
-    loop: asyncio.AbstractEventLoop
-    text: str = ""  # detokenized output so far (truncated at a stop string)
-    sent: int = 0  # chars of text already sent
-    prefix_offset: int = 0
-    read_offset: int = 0
-    pending_ids: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -105,12 +61,12 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.max_waiting = max_waiting
         self._cv = threading.Condition()
-        self._inbox: deque[_Request] = deque()
+        self._inbox: deque[Pending] = deque()
         self._aborts: list[str] = []
         # Chunks deleted since the last step, and how many drops the engine thread has done.
         self._drops: set[int] = set()
         self._drops_asked = self._drops_done = 0
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, Pending] = {}
         self._waiting_snapshot = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -163,7 +119,7 @@ class Engine:
         )  # fmt: skip
         if seq.kv_reuse == "off":
             seq.cache_salt = f"{cache_salt}|{uuid.uuid4().hex}"  # no prefix shared either
-        stream = RequestStream(self, request_id)
+        stream = RequestStream(request_id, self.cancel)
         with self._cv:
             if self._stopping:
                 raise EngineError("engine is closed")
@@ -171,7 +127,7 @@ class Engine:
                 raise InvalidRequest(f"duplicate request id {request_id!r}")
             if len(self._inbox) + self._waiting_snapshot >= self.max_waiting:
                 raise EngineOverloaded(f"{self.max_waiting} requests already waiting")
-            req = _Request(seq, stream, loop)
+            req = Pending(seq, stream, loop)
             req.prefix_offset = req.read_offset = 0
             self._requests[request_id] = req
             self._inbox.append(req)
@@ -287,7 +243,7 @@ class Engine:
                 with self._cv:
                     self._drops_done = drops_asked
                     self._cv.notify_all()
-            outbox: list[tuple[_Request, Any]] = []
+            outbox: list[tuple[Pending, Any]] = []
             for req in new:
                 try:
                     self.scheduler.add(req.seq)
@@ -306,15 +262,15 @@ class Engine:
                     outbox += self._fail_all(exc)
             with self._cv:
                 self._waiting_snapshot = len(self.scheduler.waiting)
-            self._deliver(outbox)
-        self._deliver(self._fail_all(EngineError("engine closed")))
+            deliver(outbox)
+        deliver(self._fail_all(EngineError("engine closed")))
 
-    def _step(self) -> list[tuple[_Request, Any]]:
+    def _step(self) -> list[tuple[Pending, Any]]:
         out = self.scheduler.schedule()
         if out.is_empty:
             time.sleep(0.001)  # nothing fits right now; should not happen with sane sizes
             return []
-        outbox: list[tuple[_Request, Any]] = []
+        outbox: list[tuple[Pending, Any]] = []
         started = time.perf_counter()
         try:
             result = self.runner.execute(out)
@@ -363,7 +319,7 @@ class Engine:
             raise next(iter(failed.values()))
         return ModelRunnerOutput(sampled=sampled, accepted=accepted), failed
 
-    def _fail_one(self, request_id: str, exc: BaseException) -> list[tuple[_Request, Any]]:
+    def _fail_one(self, request_id: str, exc: BaseException) -> list[tuple[Pending, Any]]:
         req = self._requests.pop(request_id, None)
         self.scheduler.abort(request_id, FinishReason.ERROR)
         if req is None:
@@ -372,7 +328,7 @@ class Engine:
         return [(req, EngineError(f"generation failed: {type(exc).__name__}"))]
 
     def _on_token(
-        self, req: _Request, token_ids: list[int], reason: FinishReason | None
+        self, req: Pending, token_ids: list[int], reason: FinishReason | None
     ) -> TokenEvent | None:
         seq = req.seq
         ids = seq.output_token_ids
@@ -401,7 +357,7 @@ class Engine:
         req.pending_ids = []
         return ev
 
-    def _final(self, req: _Request, reason: FinishReason) -> TokenEvent:
+    def _final(self, req: Pending, reason: FinishReason) -> TokenEvent:
         seq = req.seq
         self._requests.pop(seq.request_id, None)
         queue_ms = prefill_ms = None
@@ -418,25 +374,10 @@ class Engine:
         req.pending_ids = []
         return ev
 
-    def _fail_all(self, exc: BaseException) -> list[tuple[_Request, Any]]:
-        outbox: list[tuple[_Request, Any]] = []
+    def _fail_all(self, exc: BaseException) -> list[tuple[Pending, Any]]:
+        outbox: list[tuple[Pending, Any]] = []
         for request_id, req in list(self._requests.items()):
             self.scheduler.abort(request_id, FinishReason.ERROR)
             outbox.append((req, EngineError(f"generation failed: {exc}")))
         self._requests.clear()
         return outbox
-
-    @staticmethod
-    def _deliver(outbox: list[tuple[_Request, Any]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Any]]] = {}
-        for req, item in outbox:
-            by_loop.setdefault(req.loop, []).append((req, item))
-        for loop, items in by_loop.items():
-            # A closed loop (RuntimeError) means nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, items)
-
-
-def _put_all(items: list[tuple[_Request, Any]]) -> None:
-    for req, item in items:
-        req.stream._queue.put_nowait(item)

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from rag.engine.model import LlamaModel, ModelConfig
+from rag.engine.model import LlamaModel
+from rag.engine.model_config import ModelConfig
 from rag.engine.quant import WeightFormat, apply_weight_format
 
 logger = logging.getLogger(__name__)

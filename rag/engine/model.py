@@ -9,9 +9,7 @@ contiguous chunks); a token's slot is block_id * block_size + offset.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 import torch
@@ -20,59 +18,8 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from rag.engine.kernels import PagedDecode
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
-    eos_token_ids: tuple[int, ...] = field(default=())
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """From a Hugging Face config.json dict (transformers 4.x or 5.x spelling)."""
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=float(theta),
-            rope_scaling=dict(rope) if rope_type not in ("default", None) else None,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"),
-            eos_token_ids=eos_ids,
-        )
-
-    @classmethod
-    def tiny(cls) -> ModelConfig:
-        """A test-sized model."""
-        return cls(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
-            num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512,
-            tie_word_embeddings=True,
-        )  # fmt: skip
+from rag.engine.model_config import ModelConfig
+from rag.engine.rope import position_runs, rope_inv_freq, rotate_half
 
 
 @dataclass
@@ -103,54 +50,6 @@ class AttentionMetadata:
     # each decode's context length, [B] long. None: the torch path below.
     decode_kernel: PagedDecode | None = None
     decode_context_lens: torch.Tensor | None = None
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    sc = cfg.rope_scaling
-    if sc and sc.get("rope_type", sc.get("type")) == "llama3":
-        factor = sc["factor"]
-        low, high = sc["low_freq_factor"], sc["high_freq_factor"]
-        old_len = sc["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        inv_freq = torch.where(is_medium, smoothed, scaled)
-    elif sc:
-        raise ValueError(f"unsupported rope scaling {sc.get('rope_type', sc.get('type'))!r}")
-    return inv_freq
-
-
-def position_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    """Sorted positions as runs of consecutive ones: (offset, length, last position + 1)."""
-    out = []
-    start = 0
-    for i in range(1, len(positions) + 1):
-        if i == len(positions) or positions[i] != positions[i - 1] + 1:
-            out.append((start, i - start, positions[i - 1] + 1))
-            start = i
-    return tuple(out)
-
-
-def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Keys computed at position p, as computed at p + delta: RoPE rotations compose, so
-    rotating by delta's angles moves them (k [..., D], the rotate-half layout)."""
-    if delta == 0:
-        return k
-    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2], in float64: large deltas
-    cos = torch.cat((angles.cos(), angles.cos())).to(k.dtype)
-    sin = torch.cat((angles.sin(), angles.sin())).to(k.dtype)
-    x1, x2 = k.chunk(2, dim=-1)
-    return k * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class RMSNorm(nn.Module):

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from rag.engine.passages import PassageStats
-from rag.engine.scheduler import ModelRunnerOutput, SchedulerOutput
 from rag.engine.sequence import SamplingParams, SegmentSpan, TokenEvent
+from rag.engine.step import ModelRunnerOutput, SchedulerOutput
 
 KvReuse = Literal["blend", "prefix", "off"]
 

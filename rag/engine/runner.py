@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
-from rag.engine.model import AttentionMetadata, LlamaModel, position_runs, rotate_keys
+from rag.engine.model import AttentionMetadata, LlamaModel
 from rag.engine.passages import Entry, PassageKVCache
+from rag.engine.rope import position_runs, rotate_keys
 from rag.engine.rules import LogitRules
 from rag.engine.sampler import Sampler
-from rag.engine.scheduler import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+from rag.engine.step import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 
 if TYPE_CHECKING:
     from rag.engine.cuda import DecodeGraphs

@@ -28,12 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from rag.config import MilvusSettings
-from rag.db import Database, changelog, collections
+from rag.db import Database, collections
 from rag.errors import Invalid
-from rag.index import build_index, index_class
+from rag.index import build_index, erase, index_class
 from rag.index.base import Allowed, VectorIndex, Vectors
 from rag.index.live import IndexState, Live, SearchOutcome
 from rag.index.maintenance import Maintainer
@@ -172,7 +170,7 @@ class IndexManager:
             count, live.watermark = self.source.apply_changes(
                 collection_id, live.index, live.watermark
             )
-            self._erase_removed(collection_id, live)
+            erase.erase_removed(self.db, collection_id, live)
             manifest = store.write(
                 live.index,
                 embedding_model=self.embedding_model_id,
@@ -181,7 +179,7 @@ class IndexManager:
             )
             live.generation = manifest.generation
             live.changes_since_snapshot = 0
-        self._drop_stale(collection_id, store)
+        erase.drop_stale(self.db, collection_id, store)
         return manifest
 
     # --------------------------------------------------------------------------- purging
@@ -203,7 +201,7 @@ class IndexManager:
         open_ids = set(self.open_collections())
         for collection_id in on_disk:
             if collection_id in live_ids and collection_id not in open_ids:
-                self._drop_stale(collection_id, self._store(collection_id))
+                erase.drop_stale(self.db, collection_id, self._store(collection_id))
         self.sweep_shared()  # Milvus collections of collections deleted anywhere
 
     def erase(self, collection_id: str) -> None:
@@ -213,16 +211,17 @@ class IndexManager:
         if live is None:
             return
         if _shared(live.index):
-            self._erase_shared(collection_id, live)
+            self.catch_up(collection_id, wait_s=0)
+            erase.compact_removed(self.db, collection_id, live)
             return
         with live.lock:
             count, live.watermark = self.source.apply_changes(
                 collection_id, live.index, live.watermark
             )
             live.changes_since_snapshot += count
-            self._erase_removed(collection_id, live)
+            erase.erase_removed(self.db, collection_id, live)
         store = self._store(collection_id)
-        if self._stale_generations(collection_id, store) and not live.building:
+        if erase.stale_generations(self.db, collection_id, store) and not live.building:
             self.snapshot(collection_id)
 
     def drop(self, collection_id: str) -> None:
@@ -233,18 +232,6 @@ class IndexManager:
         self._store(collection_id).remove_all()
         if self.milvus is not None and self.milvus.uri:
             self._shared_indexes().drop(collection_id)  # its Milvus collection, if any
-
-    def _erase_shared(self, collection_id: str, live: Live) -> None:
-        """A Milvus-backed index: the writer deleted removed chunks as it applied them; what
-        is left is to have Milvus compact them out of its segments."""
-        self.catch_up(collection_id, wait_s=0)
-        if live.erased_to >= live.watermark:
-            return
-        with self.db.connect() as conn:
-            removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
-        if removed:
-            live.index.compact()  # type: ignore[attr-defined]
-        live.erased_to = live.watermark
 
     def sweep_shared(self) -> int:
         """Drop the Milvus collections of collections deleted elsewhere (another replica's
@@ -267,37 +254,6 @@ class IndexManager:
                 if self._shared is None:
                     self._shared = SharedIndexes(self.db, self.source, MilvusEngine(self.milvus))
         return self._shared
-
-    def _erase_removed(self, collection_id: str, live: Live) -> None:
-        """Erase the chunks removed in (erased_to, watermark]; the caller holds live.lock."""
-        if live.erased_to >= live.watermark:
-            return
-        with self.db.connect() as conn:
-            removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
-        if removed:
-            live.index.erase(np.array(sorted(set(removed)), dtype=np.int64))
-        live.erased_to = live.watermark
-
-    def _stale_generations(self, collection_id: str, store: SnapshotStore) -> list[int]:
-        """Generations older than a removal of the collection (they may hold its vector)."""
-        marks = store.watermarks()
-        if not marks:
-            return []
-        with self.db.read() as session:
-            removal = changelog.last_removal_after(session, collection_id, min(marks.values()))
-        return [g for g, w in marks.items() if w < removal]
-
-    def _drop_stale(self, collection_id: str, store: SnapshotStore) -> None:
-        marks = store.watermarks()
-        if not marks:
-            store.prune()  # a temporary a crashed writer left
-            return
-        with self.db.read() as session:
-            removal = changelog.last_removal_after(session, collection_id, min(marks.values()))
-        if removal:
-            store.drop_older_than(removal)
-        else:
-            store.prune()
 
     def rebuild(
         self,

@@ -11,8 +11,9 @@ import pytest
 
 from rag.engine.blocks import BlockManager
 from rag.engine.engine import Engine
-from rag.engine.scheduler import ModelRunnerOutput, SchedulerConfig, SchedulerOutput
+from rag.engine.scheduler import SchedulerConfig
 from rag.engine.sequence import SamplingParams, SegmentSpan, Sequence
+from rag.engine.step import ModelRunnerOutput, SchedulerOutput
 
 
 class CharTokenizer:

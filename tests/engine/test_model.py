@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rag.engine.blocks import BlockManager  # noqa: E402
-from rag.engine.model import LlamaModel, ModelConfig  # noqa: E402
+from rag.engine.model import LlamaModel  # noqa: E402
+from rag.engine.model_config import ModelConfig  # noqa: E402
 from rag.engine.runner import KVCacheSpec, ModelRunner  # noqa: E402
 from rag.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
@@ -164,8 +165,9 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path(monkeypatch, caplog):
 def test_sparse_prefill_runs_attend_as_the_explicit_causal_mask():
     """A chunk of scattered positions over a cached context: attended as runs of consecutive
     positions with the lower-right causal kernel, the same as with the [q, ctx] mask."""
-    from rag.engine.model import Attention, AttentionMetadata, ModelConfig
-    from rag.engine.runner import position_runs
+    from rag.engine.model import Attention, AttentionMetadata
+    from rag.engine.model_config import ModelConfig
+    from rag.engine.rope import position_runs
 
     gen = torch.Generator().manual_seed(3)
     heads, kv_heads, head_dim, block_size, num_blocks = 6, 2, 8, 4, 16

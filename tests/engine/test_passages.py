@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 
 from rag.engine.build import engine_for_model  # noqa: E402
 from rag.engine.config import EngineSettings  # noqa: E402
-from rag.engine.model import AttentionMetadata, rotate_keys  # noqa: E402
+from rag.engine.model import AttentionMetadata  # noqa: E402
 from rag.engine.passages import Entry, PassageKVCache  # noqa: E402
 from rag.engine.protocol import Segment, SegmentedPrompt  # noqa: E402
+from rag.engine.rope import rotate_keys  # noqa: E402
 from rag.engine.sequence import SamplingParams, Sequence  # noqa: E402
 
 from .conftest import CharTokenizer  # noqa: E402

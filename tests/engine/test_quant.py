@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rag.engine.blocks import BlockManager  # noqa: E402
-from rag.engine.model import LlamaModel, ModelConfig  # noqa: E402
+from rag.engine.model import LlamaModel  # noqa: E402
+from rag.engine.model_config import ModelConfig  # noqa: E402
 from rag.engine.quant import (  # noqa: E402
     QuantLinear,
     apply_weight_format,

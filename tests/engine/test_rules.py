@@ -64,7 +64,7 @@ def test_a_marker_may_hold_only_the_numbers_of_the_passages_given():
 
 def test_the_mask_applies_to_the_logits_and_to_every_draft_position():
     from rag.engine.runner import ModelRunner
-    from rag.engine.scheduler import ScheduledChunk
+    from rag.engine.step import ScheduledChunk
 
     rules = LogitRules(lambda: TEXTS)
     logits = torch.randn(256)
@@ -85,7 +85,7 @@ def test_the_mask_applies_to_the_logits_and_to_every_draft_position():
 
 
 def _cycle_runner(period: int):  # type: ignore[no-untyped-def]
-    from rag.engine.scheduler import ModelRunnerOutput
+    from rag.engine.step import ModelRunnerOutput
 
     class Cycle:
         def execute(self, out):  # type: ignore[no-untyped-def]

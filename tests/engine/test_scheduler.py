@@ -1,8 +1,9 @@
 """Scheduler tests with hand-built runner outputs (no model, no torch)."""
 
 from rag.engine.blocks import BlockManager
-from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from rag.engine.scheduler import Scheduler, SchedulerConfig
 from rag.engine.sequence import FinishReason, SequenceStatus
+from rag.engine.step import ModelRunnerOutput, SchedulerOutput
 
 from .conftest import make_seq
 

@@ -7,9 +7,10 @@ import pytest
 
 from rag.engine.blocks import BlockManager
 from rag.engine.costs import StepCosts
-from rag.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerConfig
+from rag.engine.scheduler import Scheduler, SchedulerConfig
 from rag.engine.sequence import FinishReason
 from rag.engine.spec import SpecConfig, SpecState, choose_k, propose
+from rag.engine.step import ModelRunnerOutput
 
 from .conftest import make_seq
 

@@ -8,15 +8,8 @@ from rag import quota as quotas
 from rag.answer import warm
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, available_kinds, errors
-from rag.api.schemas import (
-    CollectionCreate,
-    CollectionList,
-    CollectionOut,
-    IndexInfo,
-    RebuildIn,
-    SearchDefaultsIn,
-    WarmOut,
-)
+from rag.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from rag.api.schemas_search import IndexInfo, RebuildIn, SearchDefaultsIn, WarmOut
 from rag.db import collections
 from rag.errors import Invalid
 from rag.index import check_params

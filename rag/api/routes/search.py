@@ -6,7 +6,7 @@ from fastapi import APIRouter, Path, Response
 
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
-from rag.api.schemas import IndexInfo, PassageOut, SearchIn, SearchOut
+from rag.api.schemas_search import IndexInfo, PassageOut, SearchIn, SearchOut
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
 from rag.retrieve import Filter

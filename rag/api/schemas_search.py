@@ -1,0 +1,108 @@
+"""Bodies of search and of a collection's search settings: the query and its knobs, the
+passages found, a rebuild, the defaults a collection keeps, a warm-up."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from rag.api.schemas import (
+    MAX_META_KEYS,
+    NOT_BLANK,
+    Id,
+    IndexKind,
+    IndexParams,
+    MetaKey,
+    MetaValue,
+    Request,
+)
+
+
+class SearchFilter(Request):
+    document_ids: list[Id] | None = Field(None, max_length=10_000)
+    metadata: dict[MetaKey, MetaValue] | None = Field(
+        None,
+        max_length=MAX_META_KEYS,
+        description="documents whose metadata has all these key/values",
+    )
+
+
+class SearchIn(Request):
+    query: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
+    k: int | None = Field(
+        None, ge=1, le=1000, description="passages to return (max 200 by default)"
+    )
+    ef_search: int | None = Field(None, ge=1, le=10_000, description="HNSW candidate list; >= k")
+    nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists to scan")
+    exact: bool | None = Field(None, description="brute force over every vector")
+    hybrid: float | None = Field(
+        None, ge=0, le=1, description="keyword (BM25) weight in the z-score fusion (0 = dense)"
+    )
+    budget_ms: float | None = Field(None, gt=0, le=600_000, description="latency budget")
+    filter: SearchFilter | None = None
+
+
+class PassageOut(BaseModel):
+    chunk_id: int
+    document_id: str
+    filename: str
+    ordinal: int
+    text: str
+    start_char: int
+    end_char: int
+    score: float
+    dense_score: float | None
+    keyword_score: float | None
+    metadata: dict[str, Any]
+
+
+class IndexInfo(BaseModel):
+    kind: str
+    count: int
+    watermark: int
+    building: bool
+    stale: bool
+
+
+class SearchOut(BaseModel):
+    passages: list[PassageOut]
+    knobs: dict[str, Any] = Field(description="the knobs actually used")
+    timings_ms: dict[str, float]
+    degraded: bool
+    degradations: list[str]
+    over_budget: bool = Field(description="the search took longer than its budget")
+    partial: bool = Field(description="the index is still building: results cover what is indexed")
+    index: IndexInfo
+
+
+class RebuildIn(Request):
+    kind: IndexKind | None = None
+    params: IndexParams | None = Field(None, description="for `kind`, which they need")
+
+    @model_validator(mode="after")
+    def _params_need_a_kind(self) -> RebuildIn:
+        if self.params is not None and self.kind is None:
+            raise ValueError("params need the kind they are for: send `kind` with them")
+        return self
+
+
+class SearchDefaultsIn(Request):
+    """A collection's defaults for searches and answers (a request's own values win)."""
+
+    k: int | None = Field(None, ge=1, le=1000)
+    ef_search: int | None = Field(None, ge=1, le=10_000)
+    nprobe: int | None = Field(None, ge=1, le=65_536)
+    exact: bool | None = None
+    hybrid: float | None = Field(None, ge=0, le=1)
+    budget_ms: float | None = Field(None, gt=0, le=600_000)
+    kv_reuse: Literal["blend", "prefix", "off"] | None = Field(
+        None, description="answers: how prompt KV is reused (see POST /ask)"
+    )
+    mode: Literal["generate", "extractive"] | None = Field(
+        None, description="answers: generated or extracted (see POST /ask)"
+    )
+
+
+class WarmOut(BaseModel):
+    passages: int = Field(description="chunks queued to be computed into the passage cache")
