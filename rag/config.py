@@ -248,6 +248,10 @@ class ApiSettings(_Section):
     auth_threads: int = Field(4, ge=1, le=1024)
     thread_queue: int = Field(64, ge=0, le=100_000)
     tenant_queue: int = Field(16, ge=0, le=100_000)
+    # Of the search and database threads, how many one tenant's requests may hold at once
+    # (the others wait in its line): a tenant's flood then shares the cores with at most this
+    # many of its own. None: half the CPU cores, at least 2.
+    tenant_threads: int | None = Field(None, ge=1, le=1024)
     # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
     max_long_polls: int = Field(256, ge=1, le=100_000)
     # How often a long poll looks at its job: first after `long_poll_first_s`, then less

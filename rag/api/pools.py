@@ -7,7 +7,10 @@ and every key lookup behind it, and nothing says "try later". Here each kind of 
 own threads (`search`, `db` for listings and other short SQL, `auth` for key lookups), sized
 in Settings. A request that finds them busy waits in its tenant's line, and a freed thread
 goes to the tenants' lines in turn, so a tenant with 60 searches waiting delays another
-tenant's search by one search, not sixty. A request is refused at once (429 with
+tenant's search by one search, not sixty. And one tenant runs at most `tenant_threads` of a
+pool's requests at once, even when threads are free: on a CPU with few cores a search is
+mostly CPU work, so a tenant with eight searches running would slow every other tenant's by
+sharing the cores, whatever the order of the lines. A request is refused at once (429 with
 Retry-After, before it waits or does anything) when `queue` requests already wait, or its
 own tenant's line holds `tenant_queue`.
 
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -41,15 +45,21 @@ current_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 class Pool:
     """`threads` threads; at most `queue` requests waiting for one, `tenant_queue` of them
-    from one tenant; waiting tenants served in turn."""
+    from one tenant; waiting tenants served in turn; at most `tenant_threads` (default: all)
+    of one tenant's requests running at once."""
 
-    def __init__(self, name: str, threads: int, queue: int, tenant_queue: int) -> None:
+    def __init__(
+        self, name: str, threads: int, queue: int, tenant_queue: int,
+        tenant_threads: int | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
         self.threads = threads
         self.queue = queue
         self.tenant_queue = tenant_queue
+        self.tenant_threads = min(threads, tenant_threads or threads)
         self.limiter = anyio.CapacityLimiter(threads)  # never waits: a slot is held first
         self.busy = 0
+        self._running: dict[str | None, int] = {}  # by tenant
         # Lines of waiting requests by tenant, oldest line first; changed on the event loop.
         self._lines: OrderedDict[str | None, deque[asyncio.Future[None]]] = OrderedDict()
         self.waiting = 0
@@ -61,16 +71,25 @@ class Pool:
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on one of this pool's threads, or Overloaded (429) when it is full."""
-        await self._acquire(current_tenant.get())
+        tenant = current_tenant.get()
+        await self._acquire(tenant)
         try:
             call = functools.partial(fn, *args)
             return await anyio.to_thread.run_sync(call, limiter=self.limiter)
         finally:
-            self._release()
+            self._release(tenant)
+
+    def _may_run(self, tenant: str | None) -> bool:
+        return self._running.get(tenant, 0) < self.tenant_threads
+
+    def _start(self, tenant: str | None) -> None:
+        self._running[tenant] = self._running.get(tenant, 0) + 1
 
     async def _acquire(self, tenant: str | None) -> None:
-        if self.busy < self.threads and not self.waiting:
+        none_ahead = not any(self._may_run(t) for t in self._lines)  # none runnable waits
+        if self.busy < self.threads and none_ahead and self._may_run(tenant):
             self.busy += 1
+            self._start(tenant)
             return
         line = self._lines.get(tenant)
         if self.waiting >= self.queue or (line is not None and len(line) >= self.tenant_queue):
@@ -87,25 +106,36 @@ class Pool:
             await turn  # granted by _release, with the slot already counted as busy
         except BaseException:
             if turn.done() and not turn.cancelled():
-                self._release()  # granted, then cancelled before it ran: pass it on
+                self._release(tenant)  # granted, then cancelled before it ran: pass it on
             else:
                 self._forget(tenant, turn)
             raise
 
-    def _release(self) -> None:
-        """A thread is free: it goes to the first request of the next tenant's line."""
-        while self._lines:
-            tenant, line = next(iter(self._lines.items()))
+    def _release(self, tenant: str | None) -> None:
+        """`tenant`'s request is done and its thread free: the thread goes to the first
+        request of the next line whose tenant may run one more, else it idles."""
+        left = self._running[tenant] - 1
+        if left:
+            self._running[tenant] = left
+        else:
+            del self._running[tenant]
+        while True:
+            runnable = [t for t in self._lines if self._may_run(t)]
+            if not runnable:
+                self.busy -= 1
+                return
+            waiting = runnable[0]
+            line = self._lines[waiting]
             turn = line.popleft()
             self.waiting -= 1
             if line:
-                self._lines.move_to_end(tenant)  # its next request waits for the others'
+                self._lines.move_to_end(waiting)  # its next request waits for the others'
             else:
-                del self._lines[tenant]
-            if not turn.done():
+                del self._lines[waiting]
+            if not turn.done():  # (one cancelled while it waited: on to the next)
+                self._start(waiting)
                 turn.set_result(None)  # the slot passes on: busy stays as it is
                 return
-        self.busy -= 1
 
     def _forget(self, tenant: str | None, turn: asyncio.Future[None]) -> None:
         line = self._lines.get(tenant)
@@ -119,8 +149,9 @@ class Pool:
 class Pools:
     def __init__(self, settings: ApiSettings) -> None:
         queue, mine = settings.thread_queue, settings.tenant_queue
-        self.search = Pool("search", settings.search_threads, queue, mine)
-        self.db = Pool("database", settings.db_threads, queue, mine)
+        share = settings.tenant_threads or max(2, (os.cpu_count() or 2) // 2)
+        self.search = Pool("search", settings.search_threads, queue, mine, share)
+        self.db = Pool("database", settings.db_threads, queue, mine, share)
         self.auth = Pool("key lookup", settings.auth_threads, queue, queue)
         self.max_long_polls = settings.max_long_polls
         self.long_polls = 0

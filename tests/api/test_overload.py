@@ -236,3 +236,46 @@ def test_tenants_take_turns_for_busy_threads() -> None:
     assert asyncio.run(scenario()) == ["ok"] * 5
     # b's one search waited for one of a's, not for all three.
     assert order == ["a0", "a1", "b0", "a2", "a3"]
+
+
+def test_one_tenant_runs_at_most_its_share_of_the_threads() -> None:
+    """Threads free or not, a tenant's requests beyond tenant_threads wait in its line while
+    another tenant's run at once; the line moves as its own requests finish."""
+    from rag.api.pools import Pool, current_tenant
+
+    running: dict[str, int] = {"a": 0, "b": 0}
+    peak = {"a": 0, "b": 0}
+    gates = {name: threading.Event() for name in ("a0", "a1", "a2", "b0")}
+    lock = threading.Lock()
+
+    def work(tenant: str, name: str) -> None:
+        with lock:
+            running[tenant] += 1
+            peak[tenant] = max(peak[tenant], running[tenant])
+        gates[name].wait(10)
+        with lock:
+            running[tenant] -= 1
+
+    async def scenario() -> None:
+        pool = Pool("search", threads=4, queue=10, tenant_queue=5, tenant_threads=2)
+
+        async def submit(tenant: str, name: str) -> None:
+            current_tenant.set(tenant)
+            await pool.run(work, tenant, name)
+
+        tasks = [asyncio.create_task(submit("a", n)) for n in ("a0", "a1", "a2")]
+        await asyncio.sleep(0.05)
+        assert pool.busy == 2 and pool.waiting == 1  # a2 waits though two threads are free
+        tasks.append(asyncio.create_task(submit("b", "b0")))
+        await asyncio.sleep(0.05)
+        assert pool.busy == 3 and running["b"] == 1  # b runs at once
+        gates["a0"].set()
+        await asyncio.sleep(0.05)
+        assert pool.waiting == 0 and running["a"] == 2  # a2 took a0's place
+        for gate in gates.values():
+            gate.set()
+        await asyncio.gather(*tasks)
+        assert pool.busy == 0 and pool.waiting == 0 and not pool._running
+
+    asyncio.run(scenario())
+    assert peak == {"a": 2, "b": 1}
