@@ -198,6 +198,12 @@ def test_passages_kv_is_reused_across_questions_and_dropped_on_delete(
         assert r.status_code == 200, r.text
         return dict(r.json()["usage"])
 
+    # The service's default is prefix: passages are neither stored nor reused.
+    assert usage("Where is the fish market?")["reused_tokens"] == 0
+    assert usage("What time does the market close?")["reused_tokens"] == 0
+    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"kv_reuse": "blend"},
+                       headers=api.a)  # fmt: skip
+    assert r.status_code == 200, r.text
     first = usage("When does the ferry leave?")
     assert first["reused_tokens"] == 0  # all new: computed, then stored
     second = usage("Which radio channel carries storm warnings?")

@@ -28,6 +28,10 @@ def test_a_warmed_collection_answers_its_first_question_from_cached_passages(
     api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
     cid = api.collection(api.a)
     ingest(api, api.a, cid, FACTS)
+    # Warming serves answers that reuse passage KV: the collection's default says so.
+    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"kv_reuse": "blend"},
+                       headers=api.a)  # fmt: skip
+    assert r.status_code == 200, r.text
     assert api.client.post(f"/v1/collections/{cid}/warm", headers=api.b).status_code == 404
     before = smollm_engine.metrics().passages.stored
     r = api.client.post(f"/v1/collections/{cid}/warm", headers=api.a)
