@@ -198,9 +198,19 @@ def test_passages_kv_is_reused_across_questions_and_dropped_on_delete(
         assert r.status_code == 200, r.text
         return dict(r.json()["usage"])
 
-    # The service's default is prefix: passages are neither stored nor reused.
-    assert usage("Where is the fish market?")["reused_tokens"] == 0
-    assert usage("What time does the market close?")["reused_tokens"] == 0
+    # The service's default is prefix: passages are neither stored nor reused (another
+    # tenant, so its prompts share no prefix-cache block with what follows).
+    cache = smollm_engine.passages
+    assert cache is not None
+    other = api.collection(api.b)
+    ingest(api, api.b, other, FACTS)
+    held = len(cache)
+    for question in ("Where is the fish market?", "What time does the market close?"):
+        r = api.client.post(f"/v1/collections/{other}/ask", headers=api.b,
+                            json={"question": question, "k": 3, "max_tokens": 8})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["reused_tokens"] == 0
+    assert len(cache) == held
     r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"kv_reuse": "blend"},
                        headers=api.a)  # fmt: skip
     assert r.status_code == 200, r.text
@@ -221,8 +231,6 @@ def test_passages_kv_is_reused_across_questions_and_dropped_on_delete(
     # (A repeat of that prompt would be one prefix hit: nothing left to reuse.)
     assert usage("Is the fish market open on Sunday?", kv_reuse="blend")["reused_tokens"] > 0
 
-    cache = smollm_engine.passages
-    assert cache is not None
     before = len(cache)
     for doc in docs:
         assert api.client.delete(f"/v1/documents/{doc}", headers=api.a).status_code == 204
