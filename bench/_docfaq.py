@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from _data import shared
+
+from rag.ops.eval import overlap
 
 
 @dataclass(frozen=True)
@@ -51,19 +52,28 @@ class DocFaq:
 
     def retrieve(self, embedder: Any, question: str, k: int = 5) -> list[Passage]:
         """The top-k passages by exact inner product (chunk_id: the passage's row)."""
-        q = np.asarray(embedder.embed([question]), dtype=np.float32)[0]
-        scores = self.vectors @ q
-        top = np.argsort(-scores)[:k]
-        return [
-            Passage(
-                int(i),
-                self.rows[i]["text"],
-                f"{self.rows[i]['title']}",
-                float(scores[i]),
-                float(scores[i]),
-            )  # fmt: skip
-            for i in top
-        ]
+        return exact_top(self.vectors, self.rows, embedder, question, k)
+
+
+def exact_top(
+    vectors: npt.NDArray[np.float32], rows: list[dict[str, Any]], embedder: Any, question: str,
+    k: int, suffix: str = "",
+) -> list[Passage]:  # fmt: skip
+    """The k rows whose vectors have the highest inner product with the question's, as
+    passages (chunk_id: the row; filename: its title + `suffix`)."""
+    q = np.asarray(embedder.embed([question]), dtype=np.float32)[0]
+    scores = vectors @ q
+    top = np.argsort(-scores)[:k]
+    return [
+        Passage(
+            int(i),
+            rows[i]["text"],
+            f"{rows[i]['title']}{suffix}",
+            float(scores[i]),
+            float(scores[i]),
+        )  # fmt: skip
+        for i in top
+    ]
 
 
 _MARKER = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
@@ -77,11 +87,8 @@ def normalise(text: str) -> list[str]:
 
 
 def token_f1(prediction: str, reference: str) -> float:
+    """rag.ops.eval's token F1, over this normalisation (citation markers removed)."""
     pred, ref = normalise(prediction), normalise(reference)
     if not pred or not ref:
         return float(pred == ref)
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
+    return overlap(pred, ref)[0]

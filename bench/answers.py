@@ -47,7 +47,9 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _data import shared  # noqa: E402
-from _docfaq import DocFaq, Passage, normalise  # noqa: E402
+from _docfaq import DocFaq, Passage, exact_top, normalise  # noqa: E402
+
+from rag.ops.eval import overlap  # noqa: E402
 
 SEED = 15
 TEMPLATES = (
@@ -164,19 +166,7 @@ class WikiCollection:
         self.vectors: npt.NDArray[np.float32] = np.asarray(embedder.embed(texts), np.float32)
 
     def retrieve(self, embedder: Any, question: str, k: int = 5) -> list[Passage]:
-        q = np.asarray(embedder.embed([question]), dtype=np.float32)[0]
-        scores = self.vectors @ q
-        top = np.argsort(-scores)[:k]
-        return [
-            Passage(
-                int(i),
-                self.rows[i]["text"],
-                f"{self.rows[i]['title']}.txt",
-                float(scores[i]),
-                float(scores[i]),
-            )  # fmt: skip
-            for i in top
-        ]
+        return exact_top(self.vectors, self.rows, embedder, question, k, suffix=".txt")
 
 
 # ---------------------------------------------------------------- answering
@@ -318,27 +308,17 @@ def echoed(o: Outcome, instruction: Sequence[str]) -> bool:
     if any(tuple(words[i : i + 6]) in runs for i in range(len(words) - 5)):
         return True
     for s in answer_sentences(o.answer):
-        if len(s) >= 4 and any(len(t) >= 4 and _f1(s, t) >= 0.6 for t in told):
+        if len(s) >= 4 and any(len(t) >= 4 and overlap(s, t)[0] >= 0.6 for t in told):
             return True
     return False
-
-
-def _f1(a: list[str], b: list[str]) -> float:
-    common = sum((Counter(a) & Counter(b)).values())
-    if not common:
-        return 0.0
-    p, r = common / len(a), common / len(b)
-    return 2 * p * r / (p + r)
 
 
 def prf(prediction: str, reference: str) -> tuple[float, float, float]:
     """Token F1, precision, recall (SQuAD normalisation, markers removed)."""
     pred, ref = normalise(prediction), normalise(reference)
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if not pred or not ref or not common:
+    if not pred or not ref:
         return 0.0, 0.0, 0.0
-    p, r = common / len(pred), common / len(ref)
-    return 2 * p * r / (p + r), p, r
+    return overlap(pred, ref)
 
 
 def mean(values: Sequence[float]) -> float:

@@ -20,7 +20,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rag.answer import prompt as prompts
 from rag.answer.extract import evidence, extract
@@ -59,8 +59,9 @@ class AskRequest:
 
 
 Mode = Literal["generate", "extractive"]
-KV_REUSE = ("blend", "prefix", "off")
-MODES = ("generate", "extractive")
+KV_REUSE: tuple[KvReuse, ...] = ("blend", "prefix", "off")
+MODES: tuple[Mode, ...] = ("generate", "extractive")
+T = TypeVar("T", bound=str)
 
 
 def check(req: AskRequest, settings: AskSettings) -> None:
@@ -124,14 +125,15 @@ async def prepare(
     relevant = [p for p in result.passages if _relevance(p) >= settings.relevance_threshold]
     if not relevant:
         return canned(NOT_FOUND, "no_passages")
-    mode = _mode(services, req, result)
+    mode = _chosen(req.mode, result.saved.get("mode"), MODES, services.settings.ask.mode)
     if mode == "generate" and engine is None:
         engine = await asyncio.to_thread(lambda: services.engine)
         admit(engine)
     prep = answer_from(
         engine, settings, req, relevant, tenant_id=tenant_id, collection_id=collection_id,
         search=result, deadline=deadline, timings=timings, request_id=request_id, mode=mode,
-        kv_reuse=_kv_reuse(services, req, result),
+        kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
+                         services.settings.engine.kv_reuse),  # fmt: skip
     )  # fmt: skip
     prep.timings_ms["admit_to_submit"] = _ms(t0)
     return prep
@@ -229,24 +231,15 @@ def grounded_params(req: AskRequest, settings: AskSettings) -> SamplingParams:
     )
 
 
-def _mode(services: Services, req: AskRequest, result: SearchResult) -> Mode:
-    """The request's mode, else the collection's saved default, else the service's."""
-    saved = result.saved.get("mode")
-    if req.mode is not None:
-        return req.mode
-    if saved in MODES:
-        return saved  # type: ignore[no-any-return]
-    return services.settings.ask.mode
-
-
-def _kv_reuse(services: Services, req: AskRequest, result: SearchResult) -> KvReuse:
-    """The request's kv_reuse, else the collection's saved default, else the service's."""
-    saved = result.saved.get("kv_reuse")
-    if req.kv_reuse is not None:
-        return req.kv_reuse
-    if saved in KV_REUSE:
-        return saved  # type: ignore[no-any-return]
-    return services.settings.engine.kv_reuse
+def _chosen(requested: T | None, saved: object, allowed: tuple[T, ...], default: T) -> T:
+    """The request's value, else the collection's saved default (when it is one of
+    `allowed`), else the service's."""
+    if requested is not None:
+        return requested
+    for value in allowed:
+        if saved == value:
+            return value
+    return default
 
 
 def _chunk_count(services: Services, tenant_id: str, collection_id: str) -> int:

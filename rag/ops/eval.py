@@ -225,15 +225,20 @@ def _normalize(text: str) -> list[str]:
     return text.split()
 
 
+def overlap(pred: list[str], ref: list[str]) -> tuple[float, float, float]:
+    """Token F1, precision and recall of two token lists (all 0 when they share none)."""
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0, 0.0, 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
 def token_f1(prediction: str, reference: str) -> float:
     pred, ref = _normalize(prediction), _normalize(reference)
     if not pred or not ref:
         return float(pred == ref)
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
+    return overlap(pred, ref)[0]
 
 
 def dedupe(ids: Iterable[str]) -> list[str]:
