@@ -183,6 +183,10 @@ class AskSettings(_Section):
     stop_repetition: bool = True
     # After "[", only the numbers of the passages given (a logit mask): every marker is valid.
     cite_mask: bool = True
+    # With cite_mask: a marker may name only the passages that best support the sentence it
+    # closes (the most of its content words; rag.answer.cite.chooser); any given one when
+    # none holds any.
+    cite_steer: bool = True
     # "sentence": each sentence is cited by its marker, or attributed to the passage holding
     # at least `support_threshold` of its content words, or reported unsupported; "answer":
     # the whole answer attributed to at most two passages (before per-sentence attribution).
@@ -205,7 +209,7 @@ class AskSettings(_Section):
         old: dict[str, object] = {
             "prompt": "legacy", "frequency_penalty": 0.0, "presence_penalty": 0.0,
             "repetition_penalty": 1.0, "stop_repetition": False, "cite_mask": False,
-            "attribution": "answer", "evidence_coverage": None,
+            "cite_steer": False, "attribution": "answer", "evidence_coverage": None,
         }  # fmt: skip
         return cls.model_validate({**old, **changes})
 

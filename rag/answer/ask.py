@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from rag.answer import prompt as prompts
+from rag.answer.cite import chooser
 from rag.answer.extract import evidence, extract
 from rag.answer.generate import Prepared, ReviewOptions, admit, start
 from rag.db import collections
@@ -205,12 +206,13 @@ def answer_from(
     if built.tokens + max_tokens > context:
         raise Invalid("the question and max_tokens do not fit the model's context")
     if settings.cite_mask:
-        params = replace(params, cite_passages=built.given)
+        steer = chooser(passages[: built.given]) if settings.cite_steer else None
+        params = replace(params, cite_passages=built.given, cite_choice=steer)
     stream = start(engine, built.prompt, params, request_id, cache_salt=tenant_id)
     return Prepared(
         tenant_id, collection_id, passages[: built.given], search, deadline, timings,
         request_id, stream, submitted_at=time.perf_counter(), prompt_tokens=built.tokens,
-        mode=mode, review=review,
+        mode=mode, review=review, stop_repetition=params.stop_repetition,
     )  # fmt: skip
 
 

@@ -161,6 +161,23 @@ def support(sentence_terms: set[str], passage_terms: set[str]) -> float:
     return len(sentence_terms & passage_terms) / len(sentence_terms)
 
 
+def chooser(given: Sequence[HasText]) -> Callable[[str], tuple[int, ...]]:
+    """For the citation mask (SamplingParams.cite_choice): a sentence's text -> the given
+    passages (numbered from 1) that best support it, all those tied at the highest share of
+    its content terms; () when none holds any of them."""
+    held = [terms(p.text) for p in given]
+
+    def choose(sentence: str) -> tuple[int, ...]:
+        said = terms(sentence)
+        scores = [support(said, t) for t in held]
+        best = max(scores, default=0.0)
+        if best <= 0.0:
+            return ()
+        return tuple(n for n, score in enumerate(scores, start=1) if score == best)
+
+    return choose
+
+
 def review(
     answer: str,
     given: Sequence[HasText],

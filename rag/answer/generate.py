@@ -30,6 +30,7 @@ from rag.answer.cite import (
     visible_in,
 )
 from rag.answer.extract import Extracted, Quote
+from rag.answer.loops import cut, repeated_tail, repeating_sentence
 from rag.deadline import Deadline
 from rag.engine.protocol import GenerationBackend, Prompt
 from rag.engine.sequence import (
@@ -81,6 +82,7 @@ class Prepared:
     mode: str = "generate"  # generate | extractive
     extracted: Extracted | None = None  # the extractive mode's answer
     review: ReviewOptions = ReviewOptions()
+    stop_repetition: bool = False  # stop a sentence that begins as an earlier one (loops.py)
 
 
 @dataclass
@@ -95,8 +97,9 @@ class Final:
     unsupported: list[Span] = field(default_factory=list)  # sentences no passage supports
     echoed: list[Span] = field(default_factory=list)  # sentences of the system instruction
     quotes: list[Quote] = field(default_factory=list)  # the extractive mode's sentences
-    # finish reason "repetition": the answer's tail that repeats its earlier text (already
-    # streamed; a client may hide it)
+    # finish reason "repetition": where the streamed text's repeated tail lies ([start, end)
+    # of the concatenated pieces; already streamed, a client may hide it). `answer` leaves it
+    # out.
     repeated: Span | None = None
 
 
@@ -156,6 +159,7 @@ async def stream(
         yield Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
         return
     pieces: list[str] = []
+    repeat_at: int | None = None
     usage = Usage(prep.prompt_tokens, 0, 0)
     reason = "stop"
     first_at: float | None = None
@@ -186,6 +190,14 @@ async def stream(
                 if shown:
                     pieces.append(shown)
                     yield shown
+                    if prep.stop_repetition:
+                        repeat_at = repeating_sentence("".join(pieces))
+                        if repeat_at is not None:
+                            reason = "repetition"
+                            engine.cancel(prep.request_id)
+                            usage = await _usage_after_cancel(it, usage)
+                            finished = True
+                            break
             if ev.finished:
                 finished = True
                 reason = str(ev.finish_reason)
@@ -216,24 +228,15 @@ async def stream(
     if first_at is not None:
         timings["first_token"] = round((first_at - prep.submitted_at) * 1000.0, 3)
     timings["generate"] = round((now - prep.submitted_at) * 1000.0, 3)
-    answer = "".join(pieces)
+    streamed = "".join(pieces)
+    if reason == "repetition" and repeat_at is None:  # the engine's stop
+        repeat_at = repeated_tail(streamed)
+    answer, repeated = cut(streamed, repeat_at)
     t = time.perf_counter()
     cited, unsupported, echoed = await asyncio.to_thread(_review, prep, answer, visible)
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
-    repeated = repeated_tail(answer) if reason == "repetition" else None
     yield Final(answer, cited, usage, timings, reason, unsupported, echoed, repeated=repeated)
-
-
-def repeated_tail(answer: str, shortest: int = 8) -> Span | None:
-    """The longest end of `answer` (at least `shortest` characters) that starts earlier in
-    it too: what a loop wrote again before the engine stopped it."""
-    best = None
-    size = shortest
-    while size < len(answer) and answer.find(answer[-size:]) < len(answer) - size:
-        best = (len(answer) - size, len(answer))
-        size += 1
-    return best
 
 
 def _review(

@@ -150,7 +150,9 @@ class AskOut(BaseModel):
         default_factory=list, description="extractive mode: the sentences quoted"
     )
     repeated: tuple[int, int] | None = Field(
-        None, description="finish reason repetition: the end of `answer` that repeats it"
+        None,
+        description="finish reason repetition: [start, end) of the streamed text that repeated "
+        "what it had said, left out of `answer`",
     )
     knobs: dict[str, Any] = Field(default_factory=dict)
     degradations: list[str] = Field(default_factory=list)

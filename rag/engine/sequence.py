@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rag.engine.spec import SpecState
@@ -45,6 +46,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # > 0: the answer cites passages 1..cite_passages; a marker "[" may hold nothing else.
     cite_passages: int = 0
+    # With cite_passages: the passages a marker may name, given the sentence it closes (the
+    # answer path's evidence, rag.answer.cite.chooser; () = any). Not part of equality.
+    cite_choice: Callable[[str], tuple[int, ...]] | None = field(default=None, compare=False)
     # End the answer (finish reason "repetition") when its last REPEAT_NGRAM tokens were
     # generated before, in that order: a loop.
     stop_repetition: bool = False

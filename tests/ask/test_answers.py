@@ -237,10 +237,13 @@ def test_a_repetition_stop_surfaces_in_ask_and_in_the_openai_extra_field(
     ingest(api, api.a, cid, FACTS)
     body = _ask(api, cid).json()
     assert body["finish_reason"] == "repetition"
-    s, e = body["repeated"]  # the tail the loop wrote again, for a client to hide
-    assert body["answer"][s:e] == "Channel sixteen." and e == len(body["answer"])
-    final = parse_sse(_ask(api, cid, stream=True).text)[-1][1]
-    assert final["finish_reason"] == "repetition"
+    assert body["answer"] == "Channel sixteen."  # the repeat left out
+    events = parse_sse(_ask(api, cid, stream=True).text)
+    streamed = "".join(d["text"] for kind, d in events if kind == "token")
+    final = events[-1][1]
+    assert final["finish_reason"] == "repetition" and final["answer"] == "Channel sixteen."
+    s, e = final["repeated"]  # the streamed tail the loop wrote again, for a client to hide
+    assert streamed[s:e] == "Channel sixteen." and e == len(streamed)
     chat = {"model": "harbour", "messages": [{"role": "user", "content": "Storm channel?"}]}
     choice = api.client.post("/v1/chat/completions", json=chat, headers=api.a).json()["choices"][0]
     assert (choice["finish_reason"], choice["ragserve_finish_reason"]) == ("stop", "repetition")
@@ -248,6 +251,35 @@ def test_a_repetition_stop_surfaces_in_ask_and_in_the_openai_extra_field(
     last = [d for _, d in parse_sse(r.text) if isinstance(d, dict) and d.get("choices")][-1]
     assert last["choices"][0]["finish_reason"] == "stop"
     assert last["choices"][0]["ragserve_finish_reason"] == "repetition"
+
+
+def test_a_sentence_that_begins_as_an_earlier_one_stops_the_answer(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    # Too short for the engine's 10-token stop to catch before it comes back whole.
+    loop = "The storm channel is sixteen [1]. It is loud. The storm channel is sixteen. " * 4
+    engine = RecordingEngine(loop.strip())
+    api = _api(make_api, sqlite_url, hash_embedder, engine)
+    cid = api.collection(api.a, name="harbour")
+    ingest(api, api.a, cid, FACTS)
+    events = parse_sse(_ask(api, cid, stream=True).text)
+    streamed = "".join(d["text"] for kind, d in events if kind == "token")
+    final = events[-1][1]
+    assert final["finish_reason"] == "repetition"
+    assert final["answer"] == "The storm channel is sixteen [1]. It is loud."
+    s, e = final["repeated"]
+    assert streamed[:s].rstrip() == final["answer"] and e == len(streamed)
+    assert streamed[s:].startswith("The storm channel is sixteen")
+    assert len(streamed) < len(loop) / 3  # stopped a few words into the repeat
+    assert engine.cancelled  # and the generation freed
+    # A repeat of a short sentence, or one that only starts alike, goes on.
+    engine.answer = "Yes. Yes. The storm channel is sixteen. The storm channel is loud today."
+    body = _ask(api, cid).json()
+    assert body["finish_reason"] == "stop" and body["answer"] == engine.answer
+    # Off with the settings of before.
+    engine.answer = loop.strip()
+    api.services.settings.ask.stop_repetition = False
+    assert _ask(api, cid).json()["finish_reason"] == "stop"
 
 
 def test_openai_sources_list_the_passages_given_marking_those_cited(

@@ -62,6 +62,40 @@ def test_a_marker_may_hold_only_the_numbers_of_the_passages_given():
     assert mask.allowed(ids("cost [1] and"), 2, torch.device("cpu")) is None
 
 
+def test_a_steered_marker_names_only_the_passages_that_support_its_sentence():
+    from rag.answer.cite import chooser
+    from rag.engine.rules import sentence_before
+
+    assert sentence_before("It opens at nine. Boats leave at noon [") == "Boats leave at noon "
+    assert sentence_before("Boats leave at noon [") == "Boats leave at noon "
+    assert fits("", "2", 3, frozenset({2})) and not fits("", "1", 3, frozenset({2}))
+    assert not fits("2", ",", 3, frozenset({2}))  # nothing else to name
+    assert not fits("2, ", "2", 3) and not fits("1, 1", "]", 3)  # each number once
+
+    class P:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    choose = chooser([P("The museum opens at nine."), P("Boats leave the harbour at noon."),
+                      P("The harbour boats leave daily at noon.")])  # fmt: skip
+    assert choose("Boats leave at noon ") == (2, 3)  # tied: either
+    assert choose("The harbour opens at noon") == (2, 3)
+    assert choose("The museum opens at nine") == (1,)
+    assert choose("Penguins swim") == ()  # none holds any: the model's choice
+    mask = CitationMask(lambda: TEXTS)
+    cpu = torch.device("cpu")
+    allowed = mask.allowed(ids("The museum opens at nine ["), 3, cpu, choose)
+    assert allowed is not None and {chr(i) for i in allowed.tolist()} == {"1", " "}
+    allowed = mask.allowed(ids("Then penguins swim ["), 3, cpu, choose)
+    assert allowed is not None and {chr(i) for i in allowed.tolist()} == {"1", "2", "3", " "}
+    rules = LogitRules(lambda: TEXTS)
+    logits = torch.zeros(256)
+    logits[ord("3")], logits[ord("1")] = 5.0, 1.0  # the model would name passage 3
+    params = SamplingParams(cite_passages=3, cite_choice=choose)
+    rules.apply(logits, params, ids("The museum opens at nine ["))
+    assert chr(int(logits.argmax())) == "1"
+
+
 def test_the_mask_applies_to_the_logits_and_to_every_draft_position():
     from rag.engine.runner import ModelRunner
     from rag.engine.step import ScheduledChunk

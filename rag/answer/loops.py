@@ -1,0 +1,67 @@
+"""Telling when an answer has begun to say again what it already said.
+
+Two signs, both for the repetition stop (finish reason `repetition`):
+
+- the engine's: its last REPEAT_NGRAM generated tokens were generated before
+  (rag.engine.sequence), which catches long runs but lets a short sentence come back whole;
+- the answer path's, here: a new sentence that starts as an earlier one of four words or more
+  did (its first PREFIX_WORDS words, or all of a shorter one), ignoring case, punctuation and
+  citation markers. The answer is stopped a few words into the repeat.
+
+Either way the repeated tail has been streamed already; `answer` leaves it out and `repeated`
+says where it lies in the streamed text, for a client to hide.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rag.answer.cite import Span, sentences
+
+SHORTEST_WORDS = 4  # a shorter sentence ("Yes.") may come back without being a loop
+PREFIX_WORDS = 6  # this many words of a new sentence, as an earlier one began, make a repeat
+
+_MARKER = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(_MARKER.sub(" ", text).lower())
+
+
+def repeating_sentence(text: str) -> int | None:
+    """Where the last sentence of `text` (finished or not) starts, when it begins as an
+    earlier sentence of SHORTEST_WORDS words or more did; else None."""
+    spans = sentences(text)
+    if len(spans) < 2:
+        return None
+    start, end = spans[-1]
+    last = words(text[start:end])
+    if len(last) < SHORTEST_WORDS:
+        return None
+    for s, e in spans[:-1]:
+        earlier = words(text[s:e])
+        if len(earlier) < SHORTEST_WORDS:
+            continue
+        n = min(len(earlier), PREFIX_WORDS)
+        if len(last) >= n and last[:n] == earlier[:n]:
+            return start
+    return None
+
+
+def repeated_tail(answer: str, shortest: int = 8) -> int | None:
+    """Where the longest end of `answer` (at least `shortest` characters) that starts earlier
+    in it too begins: what a loop wrote again before the engine stopped it."""
+    best = None
+    size = shortest
+    while size < len(answer) and answer.find(answer[-size:]) < len(answer) - size:
+        best = len(answer) - size
+        size += 1
+    return best
+
+
+def cut(streamed: str, at: int | None) -> tuple[str, Span | None]:
+    """The answer without its repeated tail from `at`, and the tail's span in `streamed`."""
+    if at is None:
+        return streamed, None
+    return streamed[:at].rstrip(), (at, len(streamed))
