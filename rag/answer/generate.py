@@ -30,7 +30,7 @@ from rag.answer.cite import (
     visible_in,
 )
 from rag.answer.extract import Extracted, Quote
-from rag.answer.loops import cut, repeated_tail, repeating_sentence
+from rag.answer.loops import cut, repeat_start, repeated_tail
 from rag.deadline import Deadline
 from rag.engine.protocol import GenerationBackend, Prompt
 from rag.engine.sequence import (
@@ -191,7 +191,7 @@ async def stream(
                     pieces.append(shown)
                     yield shown
                     if prep.stop_repetition:
-                        repeat_at = repeating_sentence("".join(pieces))
+                        repeat_at = repeat_start("".join(pieces))
                         if repeat_at is not None:
                             reason = "repetition"
                             engine.cancel(prep.request_id)

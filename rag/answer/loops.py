@@ -4,9 +4,11 @@ Two signs, both for the repetition stop (finish reason `repetition`):
 
 - the engine's: its last REPEAT_NGRAM generated tokens were generated before
   (rag.engine.sequence), which catches long runs but lets a short sentence come back whole;
-- the answer path's, here: a new sentence that starts as an earlier one of four words or more
-  did (its first PREFIX_WORDS words, or all of a shorter one), ignoring case, punctuation and
-  citation markers. The answer is stopped a few words into the repeat.
+- the answer path's, here, on words (ignoring case, punctuation, articles and citation
+  markers, so that line breaks and tokenization do not hide a repeat): a new sentence that
+  starts as an earlier one of four words or more did (its first PREFIX_WORDS words, or all of
+  a shorter one), or a run of RUN_WORDS words written again. The answer is stopped a few
+  words into the repeat.
 
 Either way the repeated tail has been streamed already; `answer` leaves it out and `repeated`
 says where it lies in the streamed text, for a client to hide.
@@ -20,13 +22,46 @@ from rag.answer.cite import Span, sentences
 
 SHORTEST_WORDS = 4  # a shorter sentence ("Yes.") may come back without being a loop
 PREFIX_WORDS = 6  # this many words of a new sentence, as an earlier one began, make a repeat
+RUN_WORDS = 10  # a run this long written again is a loop wherever it starts
 
 _MARKER = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
 _WORD = re.compile(r"\w+")
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def spans_of_words(text: str) -> list[tuple[str, int]]:
+    """The words of `text` (lowercased; no articles, none inside citation markers) with
+    where each starts."""
+    clean = _MARKER.sub(lambda m: " " * len(m.group(0)), text)
+    out = []
+    for m in _WORD.finditer(clean):
+        w = m.group(0).lower()
+        if w not in _ARTICLES:
+            out.append((w, m.start()))
+    return out
 
 
 def words(text: str) -> list[str]:
-    return _WORD.findall(_MARKER.sub(" ", text).lower())
+    return [w for w, _ in spans_of_words(text)]
+
+
+def repeat_start(text: str) -> int | None:
+    """Where `text` began to repeat itself (a sentence or a run, see above), or None."""
+    at = repeating_sentence(text)
+    return at if at is not None else repeating_run(text)
+
+
+def repeating_run(text: str, n: int = RUN_WORDS) -> int | None:
+    """Where the last `n` words of `text` start, when they were written before; else None."""
+    found = spans_of_words(text)
+    if len(found) < 2 * n:
+        return None
+    said = [w for w, _ in found]
+    last = tuple(said[-n:])
+    end = len(said) - n  # every earlier start
+    if any(said[i] == last[0] and tuple(said[i : i + n]) == last for i in range(end)):
+        return found[-n][1]
+    return None
 
 
 def repeating_sentence(text: str) -> int | None:

@@ -54,6 +54,24 @@ def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Te
     return k * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def rotated_into(
+    out: torch.Tensor, k: torch.Tensor, delta: int, inv_freq: torch.Tensor
+) -> torch.Tensor:
+    """`rotate_keys(k, delta)` written into `out` (same shape; another dtype allowed), in
+    three passes and no temporaries of k's size: what copying a cached passage in costs."""
+    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2]
+    cos = angles.cos().to(out.dtype)
+    sin = angles.sin().to(out.dtype)
+    half = k.shape[-1] // 2
+    x1, x2 = k[..., :half], k[..., half:]
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin)
+    return out
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)

@@ -13,7 +13,7 @@ import torch
 from rag.engine.kernels import PagedDecode, paged_decode_kernel
 from rag.engine.model import AttentionMetadata, LlamaModel
 from rag.engine.passages import Entry, PassageKVCache
-from rag.engine.rope import position_runs, rotate_keys
+from rag.engine.rope import position_runs, rotated_into
 from rag.engine.rules import LogitRules
 from rag.engine.sampler import Sampler
 from rag.engine.step import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
@@ -75,6 +75,7 @@ class ModelRunner:
         self.sampler = Sampler(device)
         self.rules = LogitRules(token_texts)
         self.passages = passages
+        self._copy_buffer: torch.Tensor | None = None  # _copy_in's, reused
         # Decode attention: the compiled kernel where it applies (CPU, float32), Triton on
         # CUDA, else the torch path.
         self.decode_kernel: PagedDecode | None = None
@@ -249,10 +250,22 @@ class ModelRunner:
         for key, start, n in chunk.copies:
             entry = self.passages.get(key)
             assert entry is not None and entry.tokens == n, "a planned passage went missing"
-            kv = entry.kv.to(device=cache.device, dtype=cache.dtype, copy=True)
-            kv[:, 0] = rotate_keys(kv[:, 0], start - entry.start, self.model.inv_freq)
+            stored = entry.kv.to(device=cache.device)  # [L, 2, n * Hkv, D]
+            kv = self._scratch(stored.shape)
+            rotated_into(kv[:, 0], stored[:, 0], start - entry.start, self.model.inv_freq)
+            kv[:, 1].copy_(stored[:, 1])
             cache.index_copy_(2, self._rows(chunk, start, n), kv)
             self.passages.stats.reused_tokens += n
+
+    def _scratch(self, shape: torch.Size) -> torch.Tensor:
+        """A buffer of the cache's dtype kept from one copy to the next: fresh memory costs
+        its page faults on first touch, about as much as the copy itself."""
+        need = shape.numel()
+        if self._copy_buffer is None or self._copy_buffer.numel() < need:
+            self._copy_buffer = torch.empty(
+                need, dtype=self.kv_caches.dtype, device=self.kv_caches.device
+            )
+        return self._copy_buffer[:need].view(shape)
 
     def _store(self, chunk: ScheduledChunk) -> None:
         """Keep the KV of the passages this prompt computed, for the prompts to come."""

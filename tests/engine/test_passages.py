@@ -15,7 +15,7 @@ from rag.engine.config import EngineSettings  # noqa: E402
 from rag.engine.model import AttentionMetadata  # noqa: E402
 from rag.engine.passages import Entry, PassageKVCache  # noqa: E402
 from rag.engine.protocol import Segment, SegmentedPrompt  # noqa: E402
-from rag.engine.rope import rotate_keys  # noqa: E402
+from rag.engine.rope import rotate_keys, rotated_into  # noqa: E402
 from rag.engine.sequence import SamplingParams, Sequence  # noqa: E402
 
 from .conftest import CharTokenizer  # noqa: E402
@@ -53,6 +53,12 @@ def test_keys_rotated_to_a_new_position_are_the_keys_computed_there():
 
     at_zero, at_d = keys(0), keys(d)
     torch.testing.assert_close(rotate_keys(at_zero, d, model.inv_freq), at_d, rtol=1e-5, atol=1e-5)
+    # The copy-in's form (into a buffer, from bfloat16 storage too) rotates the same way.
+    into = rotated_into(torch.empty_like(at_zero), at_zero, d, model.inv_freq)
+    torch.testing.assert_close(into, at_d, rtol=1e-5, atol=1e-5)
+    stored = at_zero.bfloat16()
+    into = rotated_into(torch.empty_like(at_zero), stored, d, model.inv_freq)
+    torch.testing.assert_close(into, rotate_keys(stored.float(), d, model.inv_freq))
 
 
 def test_the_cache_keeps_within_its_bytes_least_recently_used_out():
