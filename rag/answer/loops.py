@@ -7,8 +7,8 @@ Two signs, both for the repetition stop (finish reason `repetition`):
 - the answer path's, here, on words (ignoring case, punctuation, articles and citation
   markers, so that line breaks and tokenization do not hide a repeat): a new sentence that
   starts as an earlier one of four words or more did (its first PREFIX_WORDS words, or all of
-  a shorter one), or a run of RUN_WORDS words written again. The answer is stopped a few
-  words into the repeat.
+  a shorter one), a run of RUN_WORDS words written again, or one of SHORT_RUN_WORDS written a
+  third time. The answer is stopped a few words into the repeat.
 
 Either way the repeated tail has been streamed already; `answer` leaves it out and `repeated`
 says where it lies in the streamed text, for a client to hide.
@@ -23,6 +23,7 @@ from rag.answer.cite import Span, sentences
 SHORTEST_WORDS = 4  # a shorter sentence ("Yes.") may come back without being a loop
 PREFIX_WORDS = 6  # this many words of a new sentence, as an earlier one began, make a repeat
 RUN_WORDS = 10  # a run this long written again is a loop wherever it starts
+SHORT_RUN_WORDS = 8  # and one this long written a third time
 
 _MARKER = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
 _WORD = re.compile(r"\w+")
@@ -48,20 +49,25 @@ def words(text: str) -> list[str]:
 def repeat_start(text: str) -> int | None:
     """Where `text` began to repeat itself (a sentence or a run, see above), or None."""
     at = repeating_sentence(text)
-    return at if at is not None else repeating_run(text)
+    if at is None:
+        at = repeating_run(text, RUN_WORDS, 1)
+    if at is None:
+        at = repeating_run(text, SHORT_RUN_WORDS, 2)
+    return at
 
 
-def repeating_run(text: str, n: int = RUN_WORDS) -> int | None:
-    """Where the last `n` words of `text` start, when they were written before; else None."""
+def repeating_run(text: str, n: int, before: int) -> int | None:
+    """Where the last `n` words of `text` start, when they were written `before` times
+    already; else None."""
     found = spans_of_words(text)
-    if len(found) < 2 * n:
+    if len(found) < (before + 1) * n:
         return None
     said = [w for w, _ in found]
     last = tuple(said[-n:])
-    end = len(said) - n  # every earlier start
-    if any(said[i] == last[0] and tuple(said[i : i + n]) == last for i in range(end)):
-        return found[-n][1]
-    return None
+    times = sum(
+        1 for i in range(len(said) - n) if said[i] == last[0] and tuple(said[i : i + n]) == last
+    )
+    return found[-n][1] if times >= before else None
 
 
 def repeating_sentence(text: str) -> int | None:

@@ -37,6 +37,16 @@ def test_articles_and_line_breaks_do_not_hide_a_repeat() -> None:
     )
     found = first_repeat(wrapped)
     assert found is not None and found[1] < len(wrapped) - 20
+    # Eight words a third time, each time inside another sentence.
+    thrice = (
+        "Law is a set of rules imposed by states on one another in peace. It is often said to "
+        "be rules imposed by states on one another in peace, but also custom. It is rules "
+        "imposed by states on one another in peace and war."
+    )
+    found = first_repeat(thrice)
+    assert found is not None and thrice[found[0] :].startswith("rules imposed by states")
+    assert thrice.count("imposed by states on one another") == 3
+    assert thrice[: found[0]].count("imposed by states on one another") == 2
 
 
 def test_sentences_that_only_start_alike_go_on() -> None:
