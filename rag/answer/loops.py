@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import re
 
-from rag.answer.cite import Span, sentences
+from rag.answer.cite import MARKER, Span, sentences
 
 SHORTEST_WORDS = 4  # a shorter sentence ("Yes.") may come back without being a loop
 PREFIX_WORDS = 6  # this many words of a new sentence, as an earlier one began, make a repeat
 RUN_WORDS = 10  # a run this long written again is a loop wherever it starts
 SHORT_RUN_WORDS = 8  # and one this long written a third time
 
-_MARKER = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
 _WORD = re.compile(r"\w+")
 _ARTICLES = frozenset({"a", "an", "the"})
 
@@ -33,7 +32,7 @@ _ARTICLES = frozenset({"a", "an", "the"})
 def spans_of_words(text: str) -> list[tuple[str, int]]:
     """The words of `text` (lowercased; no articles, none inside citation markers) with
     where each starts."""
-    clean = _MARKER.sub(lambda m: " " * len(m.group(0)), text)
+    clean = MARKER.sub(lambda m: " " * len(m.group(0)), text)
     out = []
     for m in _WORD.finditer(clean):
         w = m.group(0).lower()
@@ -50,16 +49,16 @@ def repeat_start(text: str) -> int | None:
     """Where `text` began to repeat itself (a sentence or a run, see above), or None."""
     at = repeating_sentence(text)
     if at is None:
-        at = repeating_run(text, RUN_WORDS, 1)
-    if at is None:
-        at = repeating_run(text, SHORT_RUN_WORDS, 2)
+        found = spans_of_words(text)
+        at = repeating_run(found, RUN_WORDS, 1)
+        if at is None:
+            at = repeating_run(found, SHORT_RUN_WORDS, 2)
     return at
 
 
-def repeating_run(text: str, n: int, before: int) -> int | None:
-    """Where the last `n` words of `text` start, when they were written `before` times
-    already; else None."""
-    found = spans_of_words(text)
+def repeating_run(found: list[tuple[str, int]], n: int, before: int) -> int | None:
+    """Where the last `n` of these words (spans_of_words) start, when they were written
+    `before` times already; else None."""
     if len(found) < (before + 1) * n:
         return None
     said = [w for w, _ in found]

@@ -45,13 +45,7 @@ def position_runs(positions: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
 def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Keys computed at position p, as computed at p + delta: RoPE rotations compose, so
     rotating by delta's angles moves them (k [..., D], the rotate-half layout)."""
-    if delta == 0:
-        return k
-    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2], in float64: large deltas
-    cos = torch.cat((angles.cos(), angles.cos())).to(k.dtype)
-    sin = torch.cat((angles.sin(), angles.sin())).to(k.dtype)
-    x1, x2 = k.chunk(2, dim=-1)
-    return k * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return k if delta == 0 else rotated_into(torch.empty_like(k), k, delta, inv_freq)
 
 
 def rotated_into(
@@ -59,7 +53,7 @@ def rotated_into(
 ) -> torch.Tensor:
     """`rotate_keys(k, delta)` written into `out` (same shape; another dtype allowed), in
     three passes and no temporaries of k's size: what copying a cached passage in costs."""
-    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2]
+    angles = float(delta) * inv_freq.to(torch.float64)  # [D/2], in float64: large deltas
     cos = angles.cos().to(out.dtype)
     sin = angles.sin().to(out.dtype)
     half = k.shape[-1] // 2
