@@ -51,7 +51,7 @@ from _data import shared  # noqa: E402
 from _docfaq import DocFaq, token_f1  # noqa: E402
 
 from rag.engine import EngineSettings, SamplingParams, build_engine  # noqa: E402
-from rag.engine.build import resolve_device, resolve_weights  # noqa: E402
+from rag.engine.build import resolve_device, resolve_kv_dtype, resolve_weights  # noqa: E402
 from rag.engine.kernels import kernels  # noqa: E402
 from rag.engine.loader import bundled_gguf_path, resolve_folder  # noqa: E402
 from rag.engine.model import AttentionMetadata, LlamaModel  # noqa: E402
@@ -272,6 +272,8 @@ def engine_settings(args: argparse.Namespace, **over: Any) -> EngineSettings:
         "max_num_batched_tokens": args.budget,
         "max_waiting": 1024,
     }
+    if args.kv_dtype:
+        base["kv_dtype"] = args.kv_dtype
     return EngineSettings(**(base | over))
 
 
@@ -714,11 +716,12 @@ def _slots_meta(
     return rows, AttentionMetadata(kv_rows=rows.flatten(), **fields)
 
 
-def kv_scratch(model: LlamaModel, blocks: int) -> torch.Tensor:
+def kv_scratch(model: LlamaModel, blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     cfg = model.cfg
     return torch.zeros(
-        cfg.num_layers, 2, blocks, cfg.num_kv_heads, BLOCK, cfg.head_dim, dtype=model.act_dtype
-    )
+        cfg.num_layers, 2, blocks, cfg.num_kv_heads, BLOCK, cfg.head_dim,
+        dtype=dtype or model.act_dtype,
+    )  # fmt: skip
 
 
 def nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -726,7 +729,9 @@ def nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 @torch.inference_mode()
-def prefill_nll(model: LlamaModel, seqs: list[list[int]]) -> list[float]:
+def prefill_nll(
+    model: LlamaModel, seqs: list[list[int]], kv_dtype: torch.dtype | None = None
+) -> list[float]:
     """Each sequence's summed -log p(token | the ones before) through the model's prefill path:
     one step of several prefill chunks, each starting at position 0."""
     ids: list[int] = []
@@ -750,7 +755,7 @@ def prefill_nll(model: LlamaModel, seqs: list[list[int]]) -> list[float]:
         prefills=prefills,
         prefill_biases=[None] * len(seqs),
     )
-    hidden = model(torch.tensor(ids), torch.tensor(pos), kv_scratch(model, block), meta)
+    hidden = model(torch.tensor(ids), torch.tensor(pos), kv_scratch(model, block, kv_dtype), meta)
     out = []
     for (start, n, _, _), s in zip(prefills, seqs, strict=True):
         logits = model.compute_logits(hidden[start : start + n - 1])  # [n-1, V]
@@ -759,11 +764,14 @@ def prefill_nll(model: LlamaModel, seqs: list[list[int]]) -> list[float]:
 
 
 @torch.inference_mode()
-def decode_nll(model: LlamaModel, kernel: Any, seq: list[int]) -> float:
+def decode_nll(
+    model: LlamaModel, kernel: Any, seq: list[int], kv_dtype: torch.dtype | None = None
+) -> float:
     """The same through the decode path: one token a step, as a generated answer is computed
-    (the compiled decode layers where the format has them, the quantized kernels)."""
+    (the compiled decode layers where the format has them, the quantized kernels), every
+    earlier token read from the KV cache."""
     nb = -(-len(seq) // BLOCK)
-    kv = kv_scratch(model, nb)
+    kv = kv_scratch(model, nb, kv_dtype)
     table = torch.arange(nb)[None, :]  # [1, nb]
     total = 0.0
     for i in range(len(seq) - 1):
@@ -835,20 +843,22 @@ def score_format(
     args: argparse.Namespace,
     tok: HFTokenizer,
     fmt: str,
+    kv: str,
     texts: list[list[int]],
     agree: list[Req],
     faq: list[tuple[Any, Any]],
 ) -> FormatScores:
     t0 = time.perf_counter()
-    with engine_of(args, tok, weights=fmt, speculative=False) as engine:
+    with engine_of(args, tok, weights=fmt, kv_dtype=kv, speculative=False) as engine:
         model = engine.runner.model
+        kv_dtype = engine.runner.kv_caches.dtype
         nlls: list[float] = []
         for i in range(0, len(texts), 8):
-            nlls += prefill_nll(model, texts[i : i + 8])
+            nlls += prefill_nll(model, texts[i : i + 8], kv_dtype)
         dec = None
         if fmt in ("int8", "int4"):  # a decode kernel of their own (rag.engine.quant)
             kernel = engine.runner.decode_kernel
-            dec = [decode_nll(model, kernel, s) for s in texts[: args.decode_subset]]
+            dec = [decode_nll(model, kernel, s, kv_dtype) for s in texts[: args.decode_subset]]
         greedy = [stream_engine(engine, r.messages, 64).ids for r in agree]
         answers = run_engine(engine, [Req(m, args.f1_tokens) for _, m in faq], ignore_eos=False)
         f1 = [
@@ -856,7 +866,7 @@ def score_format(
             for (qa, _), ids in zip(faq, answers.outputs, strict=True)
         ]
         mb = weight_bytes(model) / 1e6
-    note(f"accuracy {fmt}: {time.perf_counter() - t0:.0f} s")
+    note(f"accuracy {fmt}, KV {kv}: {time.perf_counter() - t0:.0f} s")
     return FormatScores(nlls, dec, greedy, f1, mb)
 
 
@@ -874,18 +884,21 @@ def part_accuracy(args: argparse.Namespace, tok: HFTokenizer, report: Report) ->
         f"{sub}), greedy agreement over {n_agree} RAG prompts x 64 tokens (batch 1), docfaq "
         f"token F1 over {n_faq} questions (at most {args.f1_tokens} tokens, EOS honoured)"
     )
-    scores = {fmt: score_format(args, tok, fmt, texts, agree, faq) for fmt in FORMATS}
+    # Every weight format over a float32 KV cache, and the default weights over bfloat16 KV.
+    default = resolve_weights("auto", resolve_device(args.device), kernels() is not None)
+    variants = [(fmt, "float32") for fmt in FORMATS] + [(default, "bfloat16")]
+    scores = {v: score_format(args, tok, *v, texts, agree, faq) for v in variants}
     n_tokens = sum(len(t) - 1 for t in texts)
     n_sub = sum(len(t) - 1 for t in texts[:sub])
 
     def ppl(total: float, count: int) -> float:
         return math.exp(total / count)
 
-    ref = scores["float32"]
+    ref = scores[("float32", "float32")]
     ref_ppl = ppl(sum(ref.nll), n_tokens)
     ref_sub = ppl(sum(ref.nll[:sub]), n_sub)
     rows = []
-    for fmt, s in scores.items():
+    for (fmt, kv), s in scores.items():
         p = ppl(sum(s.nll), n_tokens)
         dec = ppl(sum(s.decode_nll), n_sub) if s.decode_nll is not None else float("nan")
         divs = [first_divergence(a, b) for a, b in zip(s.greedy, ref.greedy, strict=True)]
@@ -898,6 +911,7 @@ def part_accuracy(args: argparse.Namespace, tok: HFTokenizer, report: Report) ->
         rows.append(
             {
                 "weights": fmt,
+                "KV": kv,
                 "decode MB": s.decode_mb,
                 "ppl (prefill)": p,
                 "vs float32 %": 100 * (p / ref_ppl - 1),
@@ -911,8 +925,8 @@ def part_accuracy(args: argparse.Namespace, tok: HFTokenizer, report: Report) ->
         )
     report.table(rows)
     note(f"float32 prefill perplexity over the decode subset: {ref_sub:.3f}")
-    default = resolve_weights("auto", resolve_device(args.device), kernels() is not None)
-    p_def = ppl(sum(scores[default].nll), n_tokens)
+    shipped = resolve_kv_dtype("auto", torch.float32, resolve_device(args.device), default)
+    p_def = ppl(sum(scores[(default, str(shipped).removeprefix("torch."))].nll), n_tokens)
     report.figures["ppl_increase_pct"] = 100 * (p_def / ref_ppl - 1)
 
 
@@ -929,6 +943,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--kv-cache-mb", type=int, default=None, help="3072; --quick 1536")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens")
+    ap.add_argument(
+        "--kv-dtype", default=None, help="the engine's KV format (default: the engine's default)"
+    )
     single = ap.add_argument_group("single")
     single.add_argument("--single-tokens", type=int, default=1000, help="prompt tokens")
     single.add_argument("--single-new", type=int, default=256, help="new tokens")

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("module.cpp", "paged_attention.cpp", "qgemm.cpp", "decode.cpp")
 # Bump when a source changes: the extensions folder caches builds by name.
-NAME = "ragserve_engine_kernels_v1"
+NAME = "ragserve_engine_kernels_v2"
 
 PagedDecode = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor

@@ -95,9 +95,15 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
 
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [NB, Hkv, BS, D]
-        # index_copy_ writes whole [D] rows: several times faster than advanced indexing.
+        # index_copy_ writes whole [D] rows: several times faster than advanced indexing. The
+        # cache may keep another dtype than the activations (kv_dtype): rounded as written.
+        if k_cache.dtype != k.dtype:
+            # Attend to what the cache holds, so that a chunk computes the same whether its
+            # context came from the cache or from itself.
+            k, v = k.to(k_cache.dtype), v.to(k_cache.dtype)
         k_cache.view(-1, d).index_copy_(0, meta.kv_rows, k.reshape(t * hkv, d))
         v_cache.view(-1, d).index_copy_(0, meta.kv_rows, v.reshape(t * hkv, d))
+        k, v = k.to(q.dtype), v.to(q.dtype)
 
         out = torch.empty_like(q)  # [T, H, D]
         b = meta.num_decodes
@@ -118,8 +124,8 @@ class Attention(nn.Module):
                 )
                 out[q_start : q_start + q_len] = op[0].transpose(0, 1)
                 continue
-            kp = _context(k_cache, blocks, ctx).unsqueeze(0)  # [1, Hkv, L, D]
-            vp = _context(v_cache, blocks, ctx).unsqueeze(0)
+            kp = _context(k_cache, blocks, ctx).to(q.dtype).unsqueeze(0)  # [1, Hkv, L, D]
+            vp = _context(v_cache, blocks, ctx).to(q.dtype).unsqueeze(0)
             if bias is not None:
                 op = F.scaled_dot_product_attention(
                     qp, kp, vp, attn_mask=bias, scale=self.scale, enable_gqa=True
@@ -157,8 +163,8 @@ class Attention(nn.Module):
         b, hkv, d = q.shape[0], self.hkv, self.d
         g = self.h // hkv
         mb, bs = bt.shape[1], k_cache.shape[2]
-        kd = k_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d)
-        vd = v_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d)
+        kd = k_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d).to(q.dtype)
+        vd = v_cache.index_select(0, bt.flatten()).view(b, mb, hkv, bs, d).to(q.dtype)
         qd = q.view(b, 1, hkv, g, d)
         scores = torch.matmul(qd, kd.transpose(-1, -2))  # [B, MB, Hkv, G, BS]
         scores = scores.permute(0, 2, 3, 1, 4).reshape(b, hkv, g, mb * bs)  # [B, Hkv, G, L]

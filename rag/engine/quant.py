@@ -39,6 +39,17 @@ GROUP = 32  # weights per 4-bit group (and per 8-bit group of the embedding tabl
 # Inputs of at most this many rows take the quantized kernel; more take the dense copy (the
 # kernel multiplies in float32; from about here on, bfloat16 matmuls are faster on AVX512-BF16).
 DECODE_ROWS = 4
+# A decode step of at most this many rows runs through the fused step (csrc/decode.cpp, the
+# quantized kernel's float32 products): measured on an AVX512-BF16 CPU without AMX
+# (bench/README.md), a step of 6-16 rows there took 0.55-0.85x of the layers' bfloat16
+# matmuls. With AMX tiles bfloat16 matmuls overtake from about DECODE_ROWS on.
+FUSED_ROWS = 16
+
+
+def fused_rows() -> int:
+    """The largest decode step the fused step takes on this CPU."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return DECODE_ROWS if amx is not None and amx() else FUSED_ROWS
 
 
 # ---------------------------------------------------------------- packing
@@ -279,7 +290,8 @@ def layers_of(model: LlamaModel) -> list[DecoderLayer]:
 
 def fused_decode(model: LlamaModel, kernels: Any | None) -> FusedDecode | None:
     """The compiled decode step for `model`, when it can run it: int weights on the CPU, float32
-    activations and KV cache, the kernels built. None otherwise (the layers run as modules)."""
+    activations (the KV cache float32 or bfloat16), the kernels built. None otherwise (the
+    layers run as modules)."""
     if kernels is None or model.act_dtype != torch.float32:
         return None
     tensors: list[torch.Tensor] = []
@@ -305,4 +317,4 @@ def fused_decode(model: LlamaModel, kernels: Any | None) -> FusedDecode | None:
     if len(kinds) != 1:
         return None
     ((bits, group),) = kinds
-    return FusedDecode(kernels, tensors, bits, group or GROUP, DECODE_ROWS)
+    return FusedDecode(kernels, tensors, bits, group or GROUP, fused_rows())

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 class KVCacheSpec:
     num_blocks: int
     block_size: int
+    dtype: torch.dtype | None = None  # None: the activations'
 
 
 def kv_rows(block_table: list[int], positions: range, block_size: int, hkv: int) -> list[int]:
@@ -64,7 +65,7 @@ class ModelRunner:
         self.device = device
         self.block_size = spec.block_size
         cfg = model.cfg
-        dtype = model.act_dtype
+        dtype = spec.dtype or model.act_dtype
         on_cuda = device.type == "cuda"
         # kv_caches: [num_layers, 2, NB, Hkv, BS, D]; on CUDA one block more, the scratch
         # block the padding rows of a captured decode step write into.
@@ -76,10 +77,11 @@ class ModelRunner:
         self.rules = LogitRules(token_texts)
         self.passages = passages
         self._copy_buffer: torch.Tensor | None = None  # _copy_in's, reused
-        # Decode attention: the compiled kernel where it applies (CPU, float32), Triton on
-        # CUDA, else the torch path.
+        # Decode attention: the compiled kernel where it applies (CPU, float32 activations,
+        # a float32 or bfloat16 cache), Triton on CUDA, else the torch path.
         self.decode_kernel: PagedDecode | None = None
-        if attention_kernel and device.type == "cpu" and dtype == torch.float32:
+        cpu_kernel = model.act_dtype == torch.float32 and dtype in (torch.float32, torch.bfloat16)
+        if attention_kernel and device.type == "cpu" and cpu_kernel:
             self.decode_kernel = paged_decode_kernel()
         elif attention_kernel and on_cuda:
             from rag.engine.cuda import triton_paged_decode

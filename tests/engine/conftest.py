@@ -131,3 +131,37 @@ def hf_reference(smollm: Any) -> Any:
         return out[0, len(token_ids) :].tolist()
 
     return greedy
+
+
+def greedy_paged(
+    model: Any,
+    prompts: list[list[int]],
+    new: int,
+    *,
+    kernel: bool,
+    kv_dtype: Any = None,
+    max_seqs: int = 4,
+    budget: int = 10,
+    prefix: bool = True,
+) -> list[list[int]]:
+    """Greedy tokens of `prompts` through the scheduler and a ModelRunner over `model` (64 KV
+    blocks of 4 tokens; a small step budget, so prefill is chunked and decodes batched)."""
+    import torch
+
+    from rag.engine.runner import KVCacheSpec, ModelRunner
+    from rag.engine.scheduler import Scheduler
+
+    bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=prefix)
+    config = SchedulerConfig(
+        max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=256
+    )
+    sched = Scheduler(config, bm)
+    spec = KVCacheSpec(64, 4, kv_dtype)
+    runner = ModelRunner(model, spec, torch.device("cpu"), attention_kernel=kernel)
+    seqs = [make_seq(str(i), p, max_tokens=new) for i, p in enumerate(prompts)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work:
+        out = sched.schedule()
+        sched.postprocess(out, runner.execute(out))
+    return [s.output_token_ids for s in seqs]

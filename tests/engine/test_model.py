@@ -13,7 +13,7 @@ from rag.engine.model_config import ModelConfig  # noqa: E402
 from rag.engine.runner import KVCacheSpec, ModelRunner  # noqa: E402
 from rag.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
-from .conftest import make_seq  # noqa: E402
+from .conftest import greedy_paged, make_seq  # noqa: E402
 
 
 def require_kernel():
@@ -95,10 +95,14 @@ def test_paged_greedy_matches_transformers(rope_scaling, attention_kernel):
     ("heads", "kv_heads", "head_dim", "block_size"), [(9, 3, 64, 16), (4, 2, 16, 4), (2, 2, 8, 3)]
 )
 @pytest.mark.parametrize("batch", ["many", "one-long"])
-def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_size, batch):
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_decode_kernel_matches_the_torch_path(
+    heads, kv_heads, head_dim, block_size, batch, kv_dtype
+):
     """The compiled kernel and the torch path attend the same paged contexts alike: blocks
     scattered through the cache, padded block tables, lengths that end mid-block, one token;
-    and one long context split into stretches over the threads, then merged."""
+    and one long context split into stretches over the threads, then merged. A bfloat16 cache
+    is read into float32 by both."""
     from rag.engine.model import Attention, AttentionMetadata
 
     kernel = require_kernel()
@@ -114,8 +118,8 @@ def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_s
         own = order[i * max_blocks : i * max_blocks + -(-n // block_size)]
         tables.append(own + [0] * (max_blocks - len(own)))
     shape = (num_blocks, kv_heads, block_size, head_dim)
-    k_cache = torch.randn(shape, generator=gen)
-    v_cache = torch.randn(shape, generator=gen)
+    k_cache = torch.randn(shape, generator=gen).to(getattr(torch, kv_dtype))
+    v_cache = torch.randn(shape, generator=gen).to(getattr(torch, kv_dtype))
     q = torch.randn(len(lens), heads, head_dim, generator=gen)
     ctx = torch.tensor(lens)
     visible = torch.arange(max_blocks * block_size)[None, :] < ctx[:, None]
@@ -140,6 +144,66 @@ def test_decode_kernel_matches_the_torch_path(heads, kv_heads, head_dim, block_s
         )  # fmt: skip
     assert kernel_out.shape == torch_out.shape
     torch.testing.assert_close(kernel_out, torch_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention_kernel", [False, True], ids=["torch", "kernel"])
+def test_a_bfloat16_kv_cache_computes_alike_however_the_prompt_is_cut(attention_kernel):
+    """float32 activations over a bfloat16 KV cache: a prompt attends to its K/V as the cache
+    holds them whether they came from the cache (a later chunk, a prefix hit) or from the
+    chunk itself, so chunked prefill, batching and prefix reuse give the tokens of one prompt
+    at a time in one chunk; and the cache holds bfloat16."""
+    if attention_kernel:
+        require_kernel()
+    _, ours = tiny_pair()
+    prompts = [[5, 9, 17, 3], list(range(20, 53)), [7] * 11, list(range(20, 53))]
+    alone = [
+        greedy_paged(ours, [p], 12, budget=256, prefix=False, kernel=attention_kernel,
+                   kv_dtype=torch.bfloat16)[0]
+        for p in prompts
+    ]  # fmt: skip
+    together = greedy_paged(
+        ours, prompts, 12, budget=10, prefix=True, kernel=attention_kernel,
+        kv_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert together == alone
+
+
+def prefill_hidden(model, kv, ids, start):
+    """The hidden states of `ids` at positions start.. (block i of the sequence is block i of
+    `kv`, 4 tokens each), attending to what the cache holds before them."""
+    from rag.engine.model import AttentionMetadata
+
+    n, bs, hkv = len(ids), 4, model.cfg.num_kv_heads
+    slots = torch.arange(start, start + n)
+    heads = torch.arange(hkv)
+    rows = ((slots[:, None] // bs) * hkv + heads[None, :]) * bs + slots[:, None] % bs
+    blocks = torch.arange(-(-(start + n) // bs))
+    meta = AttentionMetadata(
+        kv_rows=rows.flatten(), num_decodes=0, decode_block_tables=None, decode_bias=None,
+        prefills=[(0, n, start + n, blocks)],
+        prefill_runs=[None if start == 0 else ((0, n, start + n),)],
+    )  # fmt: skip
+    with torch.inference_mode():
+        return model(torch.tensor(ids), slots, kv, meta)
+
+
+def test_a_prompt_attends_to_its_kv_as_a_bfloat16_cache_holds_it():
+    """A prompt in one chunk and the same prompt in two (the second reading the first's K/V
+    from a bfloat16 cache) agree to float32 rounding, not merely to bfloat16's: the one-chunk
+    path attends to its K/V rounded as the cache holds them."""
+    _, ours = tiny_pair()
+    ids = list(range(20, 53))
+    cfg = ours.cfg
+
+    def cache():
+        return torch.zeros(cfg.num_layers, 2, 16, cfg.num_kv_heads, 4, cfg.head_dim,
+                           dtype=torch.bfloat16)  # fmt: skip
+
+    whole = prefill_hidden(ours, cache(), ids, 0)
+    kv = cache()
+    prefill_hidden(ours, kv, ids[:13], 0)
+    second = prefill_hidden(ours, kv, ids[13:], 13)
+    torch.testing.assert_close(second, whole[13:], rtol=1e-5, atol=1e-5)
 
 
 def test_a_kernel_that_cannot_build_leaves_the_torch_path(monkeypatch, caplog):

@@ -223,6 +223,41 @@ def test_bfloat16_storage_is_the_float32_kv_rounded():
         half.close()
 
 
+def test_a_bfloat16_kv_cache_holds_twice_the_blocks_and_passages_follow_it():
+    """kv_dtype=bfloat16 under float32 activations: kv_cache_mb holds twice the blocks, the
+    passage cache stores what the KV cache holds (auto), and reuse copies it back in."""
+    from rag.engine.build import resolve_kv_dtype
+
+    sizes = {}
+    for kv in ("float32", "bfloat16"):
+        settings = EngineSettings(
+            device="cpu", dtype="float32", weights="float32", speculative=False, kv_dtype=kv,
+            kv_cache_mb=1, block_size=4, max_model_len=400, passage_cache_mb=16,
+        )  # fmt: skip
+        engine = engine_for_model(tiny(), CharTokenizer(), (), settings)
+        try:
+            cache = engine.runner.kv_caches
+            assert cache.dtype == getattr(torch, kv)
+            sizes[kv] = engine.block_manager.num_blocks
+            run(engine, prompt([0, 1, 2], "blend"))
+            _, usage = run(engine, prompt([2, 1, 0], "blend"))
+            assert usage.reused_prompt_tokens > 0
+            entry = engine.passages.get("t:1") if engine.passages is not None else None
+            assert entry is not None and entry.kv.dtype == cache.dtype
+        finally:
+            engine.close()
+    assert sizes["bfloat16"] == 2 * sizes["float32"]
+    with pytest.raises(ValueError, match="only on the CPU"):
+        resolve_kv_dtype("float32", torch.bfloat16, torch.device("cuda"))
+    # auto: bfloat16 under int weights on the CPU; float32 weights keep the exact cache.
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_kv_dtype("auto", torch.float32, cpu, "int4") == torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.float32, cpu, "int8") == torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.float32, cpu, "float32") == torch.float32
+    assert resolve_kv_dtype("auto", torch.bfloat16, cuda, "int4") == torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.float32, cuda, "int4") == torch.float32
+
+
 def test_blend_prompts_survive_preemption_and_cancellation():
     """Too little KV for four blend answers at once: some are preempted (their copies and
     stores planned again when they come back), one is cancelled; every other one finishes

@@ -1,12 +1,14 @@
 """Weight formats: packing is exact where it must be, the quantized kernel computes the float32
 product with the dequantized weights, and the fused decode step is the model's own layers."""
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rag.engine.blocks import BlockManager  # noqa: E402
 from rag.engine.model import LlamaModel  # noqa: E402
 from rag.engine.model_config import ModelConfig  # noqa: E402
 from rag.engine.quant import (  # noqa: E402
@@ -18,10 +20,8 @@ from rag.engine.quant import (  # noqa: E402
     unpack_int4,
     unpack_int8,
 )
-from rag.engine.runner import KVCacheSpec, ModelRunner  # noqa: E402
-from rag.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
-from .conftest import make_seq  # noqa: E402
+from .conftest import greedy_paged as greedy  # noqa: E402
 
 
 def require_kernels():
@@ -111,29 +111,16 @@ def tiny(bias: bool = False) -> LlamaModel:
     return model.eval()
 
 
-def greedy(model: LlamaModel, prompts: list[list[int]], new: int, *, kernel: bool) -> list:
-    bm = BlockManager(num_blocks=64, block_size=4)
-    sched = Scheduler(
-        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10, max_model_len=256), bm
-    )
-    runner = ModelRunner(model, KVCacheSpec(64, 4), torch.device("cpu"), attention_kernel=kernel)
-    seqs = [make_seq(str(i), p, max_tokens=new) for i, p in enumerate(prompts)]
-    for s in seqs:
-        sched.add(s)
-    while sched.has_work:
-        out = sched.schedule()
-        sched.postprocess(out, runner.execute(out))
-    return [s.output_token_ids for s in seqs]
-
-
 PROMPTS = [[5, 9, 17, 3], list(range(20, 53)), [7] * 11]
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("bias", [False, True], ids=["llama", "qwen2-bias"])
-def test_decode_through_the_fused_step_is_decode_through_the_layers(fmt, bias):
+@pytest.mark.parametrize("kv", [None, torch.bfloat16], ids=["kv-float32", "kv-bfloat16"])
+def test_decode_through_the_fused_step_is_decode_through_the_layers(fmt, bias, kv):
     """The compiled decode step (every layer in one call) gives the tokens of the same
-    quantized model run layer by layer, for single and batched decodes."""
+    quantized model run layer by layer, for single and batched decodes, over a float32 or a
+    bfloat16 KV cache (written rounded to nearest by both)."""
     kernels = require_kernels()
     layered, fused = tiny(bias), tiny(bias)
     for model in (layered, fused):
@@ -141,7 +128,38 @@ def test_decode_through_the_fused_step_is_decode_through_the_layers(fmt, bias):
     step = fused_decode(fused, kernels)
     assert step is not None and step.bits == (4 if fmt == "int4" else 8)
     fused.fuse_decode(step)
-    assert greedy(fused, PROMPTS, 12, kernel=True) == greedy(layered, PROMPTS, 12, kernel=True)
+    expected = greedy(layered, PROMPTS, 12, kernel=True, kv_dtype=kv)
+    assert greedy(fused, PROMPTS, 12, kernel=True, kv_dtype=kv) == expected
+
+
+def test_the_fused_step_takes_decode_steps_of_many_rows_alike():
+    """Up to fused_rows() sequences decode through the fused step (16 on a CPU without AMX
+    tiles): eight at once give the tokens of the layers computing with the same quantized
+    kernel."""
+    from rag.engine.quant import fused_rows
+
+    kernels = require_kernels()
+    layered, fused = tiny(), tiny()
+    for model in (layered, fused):
+        apply_weight_format(model, "int4", torch.float32, kernels)
+    for module in [*layered.modules(), *fused.modules()]:
+        if isinstance(module, QuantLinear):
+            module.decode_rows = 1 << 30  # through the kernel at any size, prefill included
+    step = fused_decode(fused, kernels)
+    assert step is not None and step.max_rows == fused_rows() >= 4
+    fused.fuse_decode(step)
+    prompts = [[3 + i, 9, 17 + i, 3] for i in range(8)]
+    calls = []
+    original = step.kernels.decode_layers
+
+    def counted(x, *rest):  # type: ignore[no-untyped-def]
+        calls.append(x.shape[0])
+        return original(x, *rest)
+
+    fused.fuse_decode(replace(step, kernels=SimpleNamespace(decode_layers=counted)))
+    expected = greedy(layered, prompts, 8, kernel=True, max_seqs=8)
+    assert greedy(fused, prompts, 8, kernel=True, max_seqs=8) == expected
+    assert max(calls) == min(8, step.max_rows)
 
 
 def test_int4_decode_computes_with_exactly_the_models_weights():

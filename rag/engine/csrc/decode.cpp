@@ -92,7 +92,7 @@ ragserve::QWeight linear(const std::vector<torch::Tensor>& t, int64_t at, int64_
 }  // namespace
 
 // x [B, E] float32: the step's embeddings in, its hidden states out (before the final norm).
-// cos, sin [B, D]; kv_caches [L, 2, NB, Hkv, BS, D] float32; kv_rows [B * Hkv]: the row of
+// cos, sin [B, D]; kv_caches [L, 2, NB, Hkv, BS, D] float32 or bfloat16; kv_rows [B * Hkv]: the row of
 // each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D]; block_tables [B, MB];
 // context_lens [B]. `layers` holds kPerLayer tensors a layer: input norm; q/k/v packed,
 // scales, mins; q/k/v bias (empty if none); output packed, scales, mins; post norm; gate/up
@@ -104,8 +104,9 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
                             int64_t H, int64_t Hkv, int64_t D, double eps, double scale) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2,
               "x is [B, E] contiguous float32");
-  TORCH_CHECK(kv_caches.scalar_type() == torch::kFloat32 && kv_caches.is_contiguous(),
-              "a contiguous float32 KV cache");
+  const bool bf16 = kv_caches.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || kv_caches.scalar_type() == torch::kFloat32) && kv_caches.is_contiguous(),
+              "a contiguous float32 or bfloat16 KV cache");
   const int64_t L = kv_caches.size(0);
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * kPerLayer, "tensors per layer");
   const int64_t B = x.size(0), E = x.size(1);
@@ -173,16 +174,23 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
           for (int64_t b = 0; b < B; ++b)
             for (int64_t j = 0; j < QKV; ++j) qkvp[b * QKV + j] += bias[j];
         }
-        float* kc = k_cache.data_ptr<float>();
-        float* vc = v_cache.data_ptr<float>();
         for (int64_t b = 0; b < B; ++b) {
           float* row = qkvp + b * QKV;
           rope(row, cp + b * D, sp + b * D, H + Hkv, D);  // q and k heads are adjacent
           std::copy(row, row + H * D, qp + b * H * D);
           for (int64_t kh = 0; kh < Hkv; ++kh) {
             const int64_t r = rows[b * Hkv + kh];
-            std::copy(row + (H + kh) * D, row + (H + kh + 1) * D, kc + r * D);
-            std::copy(row + (H + Hkv + kh) * D, row + (H + Hkv + kh + 1) * D, vc + r * D);
+            const float* kr = row + (H + kh) * D;
+            const float* vr = row + (H + Hkv + kh) * D;
+            if (bf16) {  // rounded to nearest as torch's .to(bfloat16) does
+              c10::BFloat16* kc = k_cache.data_ptr<c10::BFloat16>() + r * D;
+              c10::BFloat16* vc = v_cache.data_ptr<c10::BFloat16>() + r * D;
+              for (int64_t d = 0; d < D; ++d) kc[d] = c10::BFloat16(kr[d]);
+              for (int64_t d = 0; d < D; ++d) vc[d] = c10::BFloat16(vr[d]);
+            } else {
+              std::copy(kr, kr + D, k_cache.data_ptr<float>() + r * D);
+              std::copy(vr, vr + D, v_cache.data_ptr<float>() + r * D);
+            }
           }
         }
         plan = std::make_unique<ragserve::PagedDecode>(q, k_cache, v_cache, block_tables,
