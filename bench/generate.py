@@ -300,7 +300,9 @@ def release() -> None:
 def describe(engine: Any) -> str:
     model = engine.runner.model
     spec = "on" if engine.config.spec is not None else "off"
-    return f"{model.weight_format} weights, {model.act_dtype}, speculative {spec}"
+    act = str(model.act_dtype).removeprefix("torch.")
+    kv = str(engine.runner.kv_caches.dtype).removeprefix("torch.")
+    return f"{model.weight_format} weights, {act}, KV {kv}, speculative {spec}"
 
 
 # ---------------------------------------------------------------- transformers baselines

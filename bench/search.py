@@ -451,10 +451,22 @@ class Server:
         while time.monotonic() < deadline:
             try:
                 httpx.get(f"{self.url}/healthz", timeout=1)
-                return self
+                break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        raise RuntimeError("server did not start")
+        else:
+            raise RuntimeError("server did not start")
+        # The service builds its generator in the background as it starts (both cores for a
+        # few seconds): the searches are timed once it is built, as a running service serves
+        # them, not against its start-up.
+        t = time.monotonic()
+        while time.monotonic() < deadline:
+            generator = httpx.get(f"{self.url}/readyz", timeout=5).json()["checks"]["generator"]
+            if not generator["loading"]:
+                print(f"  server up; its generator built {time.monotonic() - t:.1f} s later")
+                return self
+            time.sleep(0.2)
+        raise RuntimeError("the server's generator did not finish loading")
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:

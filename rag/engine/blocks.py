@@ -29,6 +29,12 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
 
 
+def approx_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """The identity of a block whose KV a blend computed (rag.engine.passages): a chain of
+    its own, so that only blend prompts ever find it."""
+    return hash(("blend", parent, token_ids))
+
+
 def salt_root(salt: str | None) -> int | None:
     """The parent of a sequence's first block: its salt's, so that equal prompts of different
     salts (tenants) hash to different blocks."""
@@ -96,6 +102,28 @@ class BlockManager:
             parent = h
         return hits, len(hits) * bs
 
+    def get_blend_blocks(self, seq: Sequence, hits: list[int]) -> list[int]:
+        """Cached blocks of a blend's approximate KV that continue the exact prefix `hits`
+        (an earlier blend prompt with the same tokens so far): their KV is what this prompt's
+        own blend would compute, without computing it."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_full = (seq.num_tokens - 1) // bs
+        parent: int | None = salt_root(seq.cache_salt)
+        if hits:
+            parent = self.blocks[hits[-1]].block_hash
+        more: list[int] = []
+        for i in range(len(hits), max_full):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = approx_hash(parent, tokens)
+            block_id = self._hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            more.append(block_id)
+            parent = h
+        return more
+
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Count an admitted sequence's lookup in the hit rate."""
         self.prefix_queries += num_tokens
@@ -108,12 +136,15 @@ class BlockManager:
         bs = self.block_size
         hashes = self._seq_hashes.setdefault(seq.seq_no, [])
         computed = seq.num_computed_tokens
-        if seq.exact_until is not None:  # reused passages' KV is not exact: not a prefix
-            computed = min(computed, seq.exact_until)
+        if seq.cache_until is not None:  # a deleted passage's text: cached no more
+            computed = min(computed, seq.cache_until)
         num_full = min(computed // bs, len(seq.block_table))
         for i in range(len(hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(hashes[-1] if hashes else salt_root(seq.cache_salt), tokens)
+            parent = hashes[-1] if hashes else salt_root(seq.cache_salt)
+            # Reused passages' KV is not exact: from there on the blocks are a blend's.
+            approximate = seq.exact_until is not None and (i + 1) * bs > seq.exact_until
+            h = approx_hash(parent, tokens) if approximate else chain_hash(parent, tokens)
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             chunks = _chunks_in(seq, i * bs, (i + 1) * bs)

@@ -198,7 +198,7 @@ class Engine:
                 continue
             # Not cached as a prefix from the first deleted passage on, and not stored.
             first = min(s.start for s in dropped)
-            seq.exact_until = first if seq.exact_until is None else min(seq.exact_until, first)
+            seq.cache_until = first if seq.cache_until is None else min(seq.cache_until, first)
             if seq.plan is not None:
                 seq.plan.stores = tuple(st for st in seq.plan.stores if st[3] not in chunk_ids)
         if blocks:

@@ -173,7 +173,13 @@ class Scheduler:
             ):
                 seq = self.waiting[0]
                 hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
+                exact = num_hit_tokens
+                if seq.kv_reuse == "blend":  # an earlier blend of the same tokens, further on
+                    hits = hits + self.bm.get_blend_blocks(seq, hits)
+                    num_hit_tokens = len(hits) * self.bm.block_size
                 hits, num_hit_tokens = self._trim_hit(seq, hits, num_hit_tokens)
+                if num_hit_tokens > exact:
+                    seq.exact_until = _first(seq.exact_until, exact)
                 plan = self._plan(seq, num_hit_tokens)
                 if plan is not None and plan.sparse:
                     # Blocks for the whole prompt at once: the copies land all over it.
@@ -299,7 +305,7 @@ class Scheduler:
             if not held:
                 # Stored once computed (a part inside the prefix hit is there already).
                 stores.append((span.key, span.start, n, span.chunk_id))
-            elif span.start >= computed:  # else: inside the prefix hit, exact as it is
+            elif span.start >= computed:  # else: inside the prefix hit (exact or a blend's)
                 keep = round(ratio * n) if by_deviation else min(first, n)
                 positions += range(cursor, span.start if by_deviation else span.start + keep)
                 candidates += [False] * (len(positions) - len(candidates))
@@ -321,7 +327,7 @@ class Scheduler:
             self.num_recomputed_tokens += recomputed
         if copies:
             # Blocks past the first copy hold approximate KV: never shared as an exact prefix.
-            seq.exact_until = copies[0][1]
+            seq.exact_until = _first(seq.exact_until, copies[0][1])
         return ReusePlan(
             positions, tuple(copies), tuple(stores), seq.num_tokens,
             candidates=candidates if by_deviation and copies else None, ratio=ratio,
@@ -404,3 +410,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
         logger.debug("preempted request %s (recompute)", seq.request_id)
+
+
+def _first(at: int | None, other: int) -> int:
+    return other if at is None else min(at, other)

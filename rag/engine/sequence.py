@@ -196,7 +196,11 @@ class Sequence:
     segments: list[SegmentSpan] = field(default_factory=list)
     kv_reuse: str = "prefix"
     plan: ReusePlan | None = None
+    # From this position on the prompt's KV is a blend's, not exact: its blocks are cached
+    # as approximate (found only by other blend prompts). None: exact throughout.
     exact_until: int | None = None
+    # From this position on nothing is cached at all (a passage deleted while in flight).
+    cache_until: int | None = None
     num_reused_tokens: int = 0
     num_recomputed_tokens: int = 0
 

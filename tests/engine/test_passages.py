@@ -119,10 +119,32 @@ def test_passages_are_reused_in_another_order_and_counted():
         assert m.hits == 3 and m.misses == 3 and m.entries == 3
         engine.drop_chunks({0})
         assert engine.metrics().passages.entries == 2
-        _, after = run(engine, prompt([2, 0, 1], "blend"))
+        # (An order of its own: [2, 0, 1] again would find its own blend's blocks.)
+        _, after = run(engine, prompt([1, 2, 0], "blend"))
         assert after.reused_prompt_tokens + after.recomputed_prompt_tokens == total - len(
             PASSAGES[0]
         )
+    finally:
+        engine.close()
+
+
+def test_a_blend_prompt_asked_again_finds_its_own_blocks_and_exact_prompts_never_do():
+    """The blocks a blend computed are cached as approximate: the same blend prompt again
+    hits all of them (nothing copied or recomputed, the same answer), while a prefix prompt
+    of the same tokens finds only the exact blocks before the first reused passage."""
+    engine = make()
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))  # the passages stored
+        first, blended = run(engine, prompt([2, 0, 1], "blend"))
+        assert blended.reused_prompt_tokens > 0
+        again, repeat = run(engine, prompt([2, 0, 1], "blend"))
+        assert again == first
+        assert repeat.cached_prompt_tokens >= repeat.prompt_tokens - 4
+        assert repeat.reused_prompt_tokens == repeat.recomputed_prompt_tokens == 0
+        text = prompt([2, 0, 1], "prefix").messages[0]["content"]
+        exact_part = text.index(PASSAGES[2])  # one token a character
+        _, exact = run(engine, prompt([2, 0, 1], "prefix"))
+        assert exact.cached_prompt_tokens <= exact_part
     finally:
         engine.close()
 
@@ -183,7 +205,7 @@ def test_a_prompt_in_flight_stores_nothing_of_a_chunk_deleted_meanwhile():
         assert seq.plan is not None and {st[3] for st in seq.plan.stores} == {0, 1, 2}
         engine._apply_drops({2})
         assert {st[3] for st in seq.plan.stores} == {0, 1}
-        assert seq.exact_until == next(s.start for s in spans if s.chunk_id == 2)
+        assert seq.cache_until == next(s.start for s in spans if s.chunk_id == 2)
     finally:
         engine.close()
 
