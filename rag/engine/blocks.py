@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rag.engine.sequence import Sequence
@@ -88,19 +89,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
-        bs = self.block_size
-        max_full = (seq.num_tokens - 1) // bs
-        hits: list[int] = []
-        parent: int | None = salt_root(seq.cache_salt)
-        for i in range(max_full):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(parent, tokens)
-            block_id = self._hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hits.append(block_id)
-            parent = h
-        return hits, len(hits) * bs
+        hits = self._walk(seq, 0, salt_root(seq.cache_salt), chain_hash)
+        return hits, len(hits) * self.block_size
 
     def get_blend_blocks(self, seq: Sequence, hits: list[int]) -> list[int]:
         """Cached blocks of a blend's approximate KV that continue the exact prefix `hits`
@@ -108,21 +98,30 @@ class BlockManager:
         own blend would compute, without computing it."""
         if not self.enable_prefix_caching:
             return []
+        parent = self.blocks[hits[-1]].block_hash if hits else salt_root(seq.cache_salt)
+        return self._walk(seq, len(hits), parent, approx_hash)
+
+    def _walk(
+        self,
+        seq: Sequence,
+        start: int,
+        parent: int | None,
+        block_hash: Callable[[int | None, tuple[int, ...]], int],
+    ) -> list[int]:
+        """Cached blocks of seq's full blocks from block `start` on, chained from `parent`,
+        up to the first miss; at least the last token is left to compute (its logits give
+        the next token)."""
         bs = self.block_size
-        max_full = (seq.num_tokens - 1) // bs
-        parent: int | None = salt_root(seq.cache_salt)
-        if hits:
-            parent = self.blocks[hits[-1]].block_hash
-        more: list[int] = []
-        for i in range(len(hits), max_full):
+        found: list[int] = []
+        for i in range(start, (seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = approx_hash(parent, tokens)
+            h = block_hash(parent, tokens)
             block_id = self._hash_to_block.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
-            more.append(block_id)
+            found.append(block_id)
             parent = h
-        return more
+        return found
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Count an admitted sequence's lookup in the hit rate."""
