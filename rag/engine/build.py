@@ -66,7 +66,7 @@ def resolve_kv_dtype(
         if device.type == "cpu" and int_weights and act_dtype == torch.float32:
             return torch.bfloat16
         return act_dtype
-    kv = {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    kv = resolve_dtype(name, device)
     if kv != act_dtype and device.type != "cpu":
         raise ValueError(
             f"kv_dtype {name} differs from the activations' {act_dtype}: only on the CPU"

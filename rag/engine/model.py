@@ -103,7 +103,6 @@ class Attention(nn.Module):
             k, v = k.to(k_cache.dtype), v.to(k_cache.dtype)
         k_cache.view(-1, d).index_copy_(0, meta.kv_rows, k.reshape(t * hkv, d))
         v_cache.view(-1, d).index_copy_(0, meta.kv_rows, v.reshape(t * hkv, d))
-        k, v = k.to(q.dtype), v.to(q.dtype)
 
         out = torch.empty_like(q)  # [T, H, D]
         b = meta.num_decodes
@@ -117,8 +116,8 @@ class Attention(nn.Module):
             qp = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
             if runs is None and bias is None:
                 # Nothing cached before this chunk: attend to the chunk's own K/V.
-                kp = k[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, q, D]
-                vp = v[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
+                kp = k[q_start : q_start + q_len].to(q.dtype).transpose(0, 1).unsqueeze(0)
+                vp = v[q_start : q_start + q_len].to(q.dtype).transpose(0, 1).unsqueeze(0)
                 op = F.scaled_dot_product_attention(
                     qp, kp, vp, is_causal=True, scale=self.scale, enable_gqa=True
                 )
