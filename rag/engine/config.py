@@ -45,7 +45,8 @@ class EngineSettings(BaseModel):
         default="auto",
         description="The linears' weight format (rag.engine.quant). auto = int4 on CPU (the "
         "bundled GGUF's own Q4_1 groups: decode reads an eighth of float32's bytes, prefill a "
-        "bfloat16 copy), bfloat16 on CUDA.",
+        "dense copy: bfloat16 with AVX512-BF16 or AMX, float32 where bfloat16 is emulated), "
+        "bfloat16 on CUDA.",
     )
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
     block_size: int = Field(default=16, ge=1, le=1024)

@@ -126,7 +126,7 @@ def prepare_model(
     if plain != dtype or model.act_dtype != dtype:
         # Packed from float32 on the CPU, then moved: weights that came from a GGUF are
         # quantized from their exact dequantized values.
-        apply_weight_format(model, weights, dtype, kernels)
+        apply_weight_format(model, weights, dtype, kernels, device)
     for param in model.parameters():  # what is left: the norms (and biases of plain linears)
         param.data = param.data.to(dtype)
     model.act_dtype = dtype

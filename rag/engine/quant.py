@@ -8,8 +8,12 @@ what each needs:
 |----------|--------------------------------------------|------------------------------|
 | float32  | float32 matmul                             | float32 matmul               |
 | bfloat16 | bfloat16 matmul (AVX512-BF16 / tensor core) | the same                     |
-| int8     | 8 bits per weight, a scale per output row  | a bfloat16 copy              |
-| int4     | 4 bits, a scale and a minimum per 32       | a bfloat16 copy              |
+| int8     | 8 bits per weight, a scale per output row  | a bfloat16 copy (*)          |
+| int4     | 4 bits, a scale and a minimum per 32       | a bfloat16 copy (*)          |
+
+(*) where bfloat16 matmuls run natively (CUDA; a CPU with AVX512-BF16 or AMX). On a CPU
+without them (AVX2 only: AMD Zen 2/3, most desktop parts) torch emulates bfloat16 and a
+prefill matmul took 5-10x float32's time (bench/README.md), so the copy is float32 there.
 
 The int4 groups have the shape of GGUF's Q4_1 (q in 0..15, w = scale * q + min, 32 weights a
 group), so a GGUF stored that way is held exactly: its decode is the float32 reference's up to
@@ -44,12 +48,40 @@ DECODE_ROWS = 4
 # (bench/README.md), a step of 6-16 rows there took 0.55-0.85x of the layers' bfloat16
 # matmuls. With AMX tiles bfloat16 matmuls overtake from about DECODE_ROWS on.
 FUSED_ROWS = 16
+# Where bfloat16 is emulated (AVX2 only: the dense copy is float32, 4 bytes a weight), the
+# quantized kernel stays ahead far longer: measured on AMD Zen 3 (bench/README.md), a decode
+# step of 32 rows took 194 ms fused, 256 through the layers' kernel and 361 through float32
+# matmuls; at 48 rows the float32 matmuls were ahead (309 against 327 fused).
+EMULATED_ROWS = 32
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether bfloat16 matmuls run natively on `device` (CUDA; AVX512-BF16 or AMX on a CPU)."""
+    if device.type != "cpu":
+        return True
+    cpu = torch.cpu
+    return any(
+        getattr(cpu, probe, lambda: False)()
+        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+
+
+def prefill_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of an int format's dense copy (what prefill multiplies with) on `device`."""
+    return torch.bfloat16 if native_bf16(device) else torch.float32
 
 
 def fused_rows() -> int:
     """The largest decode step the fused step takes on this CPU."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return DECODE_ROWS if amx is not None and amx() else FUSED_ROWS
+    if amx is not None and amx():
+        return DECODE_ROWS
+    return FUSED_ROWS if native_bf16(torch.device("cpu")) else EMULATED_ROWS
+
+
+def kernel_rows() -> int:
+    """The most rows a quantized linear takes through its kernel (more: its dense copy)."""
+    return DECODE_ROWS if native_bf16(torch.device("cpu")) else EMULATED_ROWS
 
 
 # ---------------------------------------------------------------- packing
@@ -109,7 +141,7 @@ def unpack_int8(q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tens
 
 class QuantLinear(nn.Module):
     """A linear layer in a weight format: the quantized kernel for decode-sized inputs, the
-    dense copy (bfloat16) for prefill-sized ones."""
+    dense copy (bfloat16, or float32 where bfloat16 is emulated) for prefill-sized ones."""
 
     q: torch.Tensor
     scales: torch.Tensor
@@ -120,14 +152,20 @@ class QuantLinear(nn.Module):
     group: int
 
     def __init__(
-        self, linear: nn.Linear, fmt: WeightFormat, kernels: Any, decode_rows: int = DECODE_ROWS
+        self,
+        linear: nn.Linear,
+        fmt: WeightFormat,
+        kernels: Any,
+        decode_rows: int | None = None,
+        dense: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
         w = linear.weight.detach()
         self.out_features, self.in_features = w.shape
         self.fmt = fmt
         self.kernels = kernels
-        self.decode_rows = decode_rows if kernels is not None else 0
+        rows = kernel_rows() if decode_rows is None else decode_rows
+        self.decode_rows = rows if kernels is not None else 0
         self.bits = 4 if fmt == "int4" else 8
         self.group = GROUP if fmt == "int4" else self.in_features
         if fmt == "int4":
@@ -138,7 +176,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("q", q, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
         self.register_buffer("mins", mins, persistent=False)
-        self.register_buffer("dense", w.to(torch.bfloat16).contiguous(), persistent=False)
+        self.register_buffer("dense", w.to(dense).contiguous(), persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.register_buffer("bias", bias, persistent=False)
 
@@ -227,14 +265,20 @@ class DenseTable(nn.Module):
 
 
 def apply_weight_format(
-    model: LlamaModel, fmt: WeightFormat, act_dtype: torch.dtype, kernels: Any | None
+    model: LlamaModel,
+    fmt: WeightFormat,
+    act_dtype: torch.dtype,
+    kernels: Any | None,
+    device: torch.device | None = None,
 ) -> None:
     """Replace the model's linears and its embedding/output tables by `fmt` (in place, on the
-    CPU, before the model moves to its device). Without the compiled kernels (or off the
-    CPU), the int formats compute through their bfloat16 copy: correct, not faster."""
+    CPU, before the model moves to `device`, the CPU when None). The int formats' dense copy
+    is `prefill_dtype(device)`; without the compiled kernels (or off the CPU) they compute
+    through it: correct, not faster."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
     usable = kernels
+    copy = prefill_dtype(device or torch.device("cpu"))
     dense = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(fmt)
     for layer in layers_of(model):
         for owner, name in (
@@ -245,7 +289,7 @@ def apply_weight_format(
         ):
             linear = getattr(owner, name)
             if dense is None:
-                setattr(owner, name, QuantLinear(linear, fmt, usable))
+                setattr(owner, name, QuantLinear(linear, fmt, usable, dense=copy))
             elif dense != act_dtype:
                 setattr(owner, name, DenseLinear(linear, dense))
             else:

@@ -176,7 +176,29 @@ def test_int4_decode_computes_with_exactly_the_models_weights():
     assert greedy(quantized, PROMPTS, 12, kernel=True) == expected
 
 
-def test_without_kernels_int_formats_compute_through_their_bfloat16_copy():
+@pytest.mark.parametrize("native", [False, True], ids=["avx2", "avx512-bf16"])
+def test_int_formats_prefill_through_bfloat16_only_where_it_is_native(monkeypatch, native):
+    """Where torch emulates bfloat16 (a CPU without AVX512-BF16 or AMX: a prefill matmul took
+    5-10x float32's time on AMD Zen 3), the dense copy prefill multiplies is float32."""
+    from rag.engine import quant
+
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: native, raising=False)
+    want = torch.bfloat16 if native else torch.float32
+    assert quant.prefill_dtype(torch.device("cpu")) == want
+    assert quant.prefill_dtype(torch.device("cuda")) == torch.bfloat16
+    model = tiny()
+    apply_weight_format(model, "int4", torch.float32, None)
+    copies = {m.dense.dtype for m in model.modules() if isinstance(m, QuantLinear)}
+    assert copies == {want}
+    on_gpu = tiny()
+    apply_weight_format(on_gpu, "int4", torch.float32, None, torch.device("cuda"))
+    assert {m.dense.dtype for m in on_gpu.modules() if isinstance(m, QuantLinear)} == {
+        torch.bfloat16
+    }
+
+
+def test_without_kernels_int_formats_compute_through_their_dense_copy():
     model = tiny()
     apply_weight_format(model, "int4", torch.float32, None)
     assert fused_decode(model, None) is None

@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -95,6 +95,100 @@ inline void tile_any(const float* x, int64_t K, int64_t mb, const uint8_t* w, in
     case 2: return tile<BITS, 2>(x, K, mb, w, row_bytes, scale, groups, group, nb, out, ldo);
     case 3: return tile<BITS, 3>(x, K, mb, w, row_bytes, scale, groups, group, nb, out, ldo);
     default: return tile<BITS, 4>(x, K, mb, w, row_bytes, scale, groups, group, nb, out, ldo);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2 (no AVX512: AMD Zen 2/3, most desktop CPUs): 8 floats a vector and 16 registers. On
+// such CPUs decode is bound by the arithmetic of dequantizing, not by memory, so a weight is
+// decoded once for up to 4 input rows: output rows go by pairs (4 x 2 accumulators, the 4
+// vectors of one decoded block, the scale), and the inputs are read from L1 by the FMAs.
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// The 32 weights of one block as four vectors of 8 floats (weights 0-7, 8-15, 16-23, 24-31),
+// unscaled. 4 bits: bytes widened to 32-bit lanes straight from memory, the low nibble
+// masked and the high one shifted down.
+template <int BITS>
+inline void decode_block(const uint8_t* wb, __m256 v[4]) {
+  if (BITS == 4) {
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb)));
+    const __m256i b =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + 8)));
+    v[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, low));
+    v[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+    v[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    v[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+  } else {
+    for (int j = 0; j < 4; ++j) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + 8 * j));
+      v[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    }
+  }
+}
+
+// Output rows r0 .. r0 + R_ - 1 of the tile, for MB_ input rows. Each (input, output) pair
+// has J accumulators, taken in turn by a block's four vectors, so that at least 8 FMA chains
+// are in flight (one chain would wait on the FMA latency).
+template <int BITS, int MB_, int R_>
+inline void rows(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes,
+                 const float* scale, int64_t groups, int64_t group, float* out, int64_t ldo) {
+  constexpr int J = MB_ == 1 ? 4 : (MB_ == 2 ? 2 : 1);
+  __m256 acc[MB_][R_][J];
+  for (int m = 0; m < MB_; ++m)
+    for (int r = 0; r < R_; ++r)
+      for (int j = 0; j < J; ++j) acc[m][r][j] = _mm256_setzero_ps();
+  const int64_t blocks_per_group = group / kBlock;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < blocks_per_group; ++b) {
+      const int64_t blk = g * blocks_per_group + b;
+      for (int r = 0; r < R_; ++r) {
+        __m256 v[4];
+        decode_block<BITS>(w + r * row_bytes + blk * block_bytes<BITS>(), v);
+        const __m256 s = _mm256_set1_ps(scale[r * groups + g]);
+        for (int j = 0; j < 4; ++j) {
+          const __m256 ws = _mm256_mul_ps(v[j], s);
+          for (int m = 0; m < MB_; ++m)
+            acc[m][r][j % J] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x + m * K + blk * kBlock + 8 * j), ws, acc[m][r][j % J]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MB_; ++m) {
+    for (int r = 0; r < R_; ++r) {
+      __m256 sum = acc[m][r][0];
+      for (int j = 1; j < J; ++j) sum = _mm256_add_ps(sum, acc[m][r][j]);
+      out[m * ldo + r] = hsum(sum);
+    }
+  }
+}
+
+template <int BITS, int MB_>
+inline void tile(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes,
+                 const float* scale, int64_t groups, int64_t group, int64_t nb, float* out,
+                 int64_t ldo) {
+  int64_t r = 0;
+  for (; r + 2 <= nb; r += 2)
+    rows<BITS, MB_, 2>(x, K, w + r * row_bytes, row_bytes, scale + r * groups, groups, group,
+                       out + r, ldo);
+  if (r < nb)
+    rows<BITS, MB_, 1>(x, K, w + r * row_bytes, row_bytes, scale + r * groups, groups, group,
+                       out + r, ldo);
+}
+
+template <int BITS>
+inline void tile_any(const float* x, int64_t K, int64_t mb, const uint8_t* w, int64_t row_bytes,
+                     const float* scale, int64_t groups, int64_t group, int64_t nb, float* out,
+                     int64_t ldo) {
+  switch (mb) {
+    case 1: return tile<BITS, 1>(x, K, w, row_bytes, scale, groups, group, nb, out, ldo);
+    case 2: return tile<BITS, 2>(x, K, w, row_bytes, scale, groups, group, nb, out, ldo);
+    case 3: return tile<BITS, 3>(x, K, w, row_bytes, scale, groups, group, nb, out, ldo);
+    default: return tile<BITS, 4>(x, K, w, row_bytes, scale, groups, group, nb, out, ldo);
   }
 }
 #else
