@@ -55,15 +55,16 @@ FUSED_ROWS = 16
 EMULATED_ROWS = 32
 
 
+def _cpu_has(probe: str) -> bool:
+    """torch's probe of a CPU feature (`torch.cpu._is_<feature>_supported`); False if absent."""
+    return bool(getattr(torch.cpu, probe, lambda: False)())
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether bfloat16 matmuls run natively on `device` (CUDA; AVX512-BF16 or AMX on a CPU)."""
     if device.type != "cpu":
         return True
-    cpu = torch.cpu
-    return any(
-        getattr(cpu, probe, lambda: False)()
-        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    )
+    return _cpu_has("_is_avx512_bf16_supported") or _cpu_has("_is_amx_tile_supported")
 
 
 def prefill_dtype(device: torch.device) -> torch.dtype:
@@ -73,8 +74,7 @@ def prefill_dtype(device: torch.device) -> torch.dtype:
 
 def fused_rows() -> int:
     """The largest decode step the fused step takes on this CPU."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if amx is not None and amx():
+    if _cpu_has("_is_amx_tile_supported"):
         return DECODE_ROWS
     return FUSED_ROWS if native_bf16(torch.device("cpu")) else EMULATED_ROWS
 
@@ -157,7 +157,7 @@ class QuantLinear(nn.Module):
         fmt: WeightFormat,
         kernels: Any,
         decode_rows: int | None = None,
-        dense: torch.dtype = torch.bfloat16,
+        dense: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         w = linear.weight.detach()
@@ -176,7 +176,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("q", q, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
         self.register_buffer("mins", mins, persistent=False)
-        self.register_buffer("dense", w.to(dense).contiguous(), persistent=False)
+        copy = prefill_dtype(torch.device("cpu")) if dense is None else dense
+        self.register_buffer("dense", w.to(copy).contiguous(), persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.register_buffer("bias", bias, persistent=False)
 
