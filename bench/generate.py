@@ -3,6 +3,10 @@ RAG-shaped prompts (a ~120-token system prompt, wiki_vital passages, a question;
 
 Parts (--parts, comma separated; all by default):
 
+- matmul: one decoder layer's four linears (SmolLM2's shapes, random weights) at 1-512 input
+  rows in each CPU path: float32 and bfloat16 matmuls (torch), the weight-only quantized
+  kernel (int4, float products) and w8a8's integer kernel (8-bit activations, quantizing
+  included); the median of alternating rounds.
 - single: one stream, a ~1,000-token prompt, 256 new tokens (EOS ignored): time to first token
   and decode tokens/s of the engine (defaults: int4, speculative on; and speculative off)
   against llama.cpp (llama-cpp-python, the same GGUF, the same token ids), alternating the
@@ -58,7 +62,7 @@ from rag.engine.model import AttentionMetadata, LlamaModel  # noqa: E402
 from rag.engine.quant import FORMATS, native_bf16, weight_bytes  # noqa: E402
 from rag.engine.tokenizer import HFTokenizer  # noqa: E402
 
-PARTS = ("single", "burst", "spec", "itl", "accuracy")
+PARTS = ("matmul", "single", "burst", "spec", "itl", "accuracy")
 SYSTEM = (
     "You are a careful assistant for a private document collection. Answer the user's "
     "question using only the numbered passages below. Cite every claim with the passage "
@@ -708,6 +712,61 @@ def part_itl(args: argparse.Namespace, tok: HFTokenizer, report: Report) -> None
         report.figures["itl_target_ms"] = round(chosen)
 
 
+# ---------------------------------------------------------------- part: matmul
+
+
+def part_matmul(args: argparse.Namespace, tok: HFTokenizer, report: Report) -> None:
+    from rag.engine.quant import pack_int4
+    from rag.engine.w8a8 import A8Linear
+
+    compiled = kernels()
+    if compiled is None:
+        note("matmul: the engine kernels did not build; part skipped")
+        return
+    # SmolLM2's layer: q/k/v, output, gate/up, down as [out, in].
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
+    int4 = [pack_int4(w) for w in weights]
+    a8 = [A8Linear(w, None, None, compiled) for w in weights]
+    bf16 = [w.bfloat16() for w in weights]
+    rows_list = [1, 4, 16, 64, 256] if args.quick else [1, 4, 8, 16, 32, 64, 128, 256, 512]
+    note(
+        f"one decoder layer's linears (SmolLM2: {shapes}), ms per layer, 2 threads, weights "
+        f"in cache; w8a8 built {'with' if compiled.i8_fast() else 'WITHOUT'} VNNI"
+    )
+
+    def one_layer(way: str, xs: list[torch.Tensor]) -> None:
+        for i, x in enumerate(xs):
+            if way == "float32 matmul":
+                torch.nn.functional.linear(x, weights[i])
+            elif way == "bfloat16 matmul":
+                torch.nn.functional.linear(x.bfloat16(), bf16[i])
+            elif way == "int4 kernel":
+                compiled.qgemm(x, *int4[i], 4, 32)
+            else:
+                a8[i](x)
+
+    ways = ("float32 matmul", "bfloat16 matmul", "int4 kernel", "w8a8 kernel")
+    rows_out = []
+    for m in rows_list:
+        xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for _ in range(5 if args.quick else 15):  # rounds, the ways alternating
+            for way in ways:
+                one_layer(way, xs)
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    one_layer(way, xs)
+                times[way].append((time.perf_counter() - t0) / 5 * 1000)
+        row: dict[str, Any] = {"rows": m}
+        row.update({way: med(ts) for way, ts in times.items()})
+        others = min(row[w] for w in ways if w != "w8a8 kernel")
+        row["w8a8 / fastest other"] = row["w8a8 kernel"] / others
+        rows_out.append(row)
+    report.table(rows_out)
+
+
 # ---------------------------------------------------------------- part: accuracy
 
 
@@ -864,7 +923,7 @@ def score_format(
         for i in range(0, len(texts), 8):
             nlls += prefill_nll(model, texts[i : i + 8], kv_dtype)
         dec = None
-        if fmt in ("int8", "int4"):  # a decode kernel of their own (rag.engine.quant)
+        if fmt in ("int8", "int4", "w8a8"):  # a decode kernel of their own (rag.engine.quant)
             kernel = engine.runner.decode_kernel
             dec = [decode_nll(model, kernel, s, kv_dtype) for s in texts[: args.decode_subset]]
         greedy = [stream_engine(engine, r.messages, 64).ids for r in agree]
@@ -893,7 +952,7 @@ def part_accuracy(args: argparse.Namespace, tok: HFTokenizer, report: Report) ->
         f"token F1 over {n_faq} questions (at most {args.f1_tokens} tokens, EOS honoured)"
     )
     # Every weight format over a float32 KV cache, and the default weights over bfloat16 KV.
-    default = resolve_weights("auto", resolve_device(args.device), kernels() is not None)
+    default = resolve_weights("auto", resolve_device(args.device), kernels())
     formats = [f for f in FORMATS if f in args.formats.split(",")]
     if "float32" not in formats:
         formats.insert(0, "float32")  # the reference
@@ -1007,6 +1066,7 @@ def main() -> None:
     tok = HFTokenizer(AutoTokenizer.from_pretrained(str(resolve_folder(None, None))))
     report = Report()
     steps = {
+        "matmul": part_matmul,
         "single": part_single,
         "burst": part_burst,
         "spec": part_spec,

@@ -119,14 +119,16 @@ def prepare_model(
     dtype: torch.dtype,
     weights: WeightFormat,
     kernels: Any | None = None,
+    calibration: list[list[int]] | None = None,
 ) -> LlamaModel:
     """A loaded model (on the CPU, float32 or already in `dtype`) in the weight format
-    `weights` with activations in `dtype`, moved to `device`."""
+    `weights` with activations in `dtype`, moved to `device` (`calibration`: token sequences
+    for the formats that measure activations, rag.engine.w8a8)."""
     plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weights)
     if plain != dtype or model.act_dtype != dtype:
         # Packed from float32 on the CPU, then moved: weights that came from a GGUF are
         # quantized from their exact dequantized values.
-        apply_weight_format(model, weights, dtype, kernels, device)
+        apply_weight_format(model, weights, dtype, kernels, device, calibration)
     for param in model.parameters():  # what is left: the norms (and biases of plain linears)
         param.data = param.data.to(dtype)
     model.act_dtype = dtype
@@ -156,8 +158,13 @@ def load_model(
     plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(weights)
     dense = dtype if plain == dtype else torch.float32
     model.load_hf_state_dict({k: v.to(dense) for k, v in _read_state_dict(folder).items()})
-    model = prepare_model(model, device, dtype, weights, kernels)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    calibration = None
+    if weights == "w8a8":
+        from rag.engine.w8a8 import calibration_sequences
+
+        calibration = calibration_sequences(tokenizer)
+    model = prepare_model(model, device, dtype, weights, kernels, calibration)
     eos = list(cfg.eos_token_ids)
     gen_path = folder / "generation_config.json"
     if gen_path.exists():

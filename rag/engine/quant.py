@@ -27,18 +27,19 @@ the matmul only.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rag.engine.model import DecoderLayer, FusedDecode, LlamaModel, Table
+from rag.engine.w8a8 import A8Linear, apply_w8a8, channel_maxima
 
 log = logging.getLogger(__name__)
 
-WeightFormat = Literal["float32", "bfloat16", "int8", "int4"]
-FORMATS: tuple[WeightFormat, ...] = ("float32", "bfloat16", "int8", "int4")
+WeightFormat = Literal["float32", "bfloat16", "int8", "int4", "w8a8"]
+FORMATS: tuple[WeightFormat, ...] = ("float32", "bfloat16", "int8", "int4", "w8a8")
 GROUP = 32  # weights per 4-bit group (and per 8-bit group of the embedding table)
 # Inputs of at most this many rows take the quantized kernel; more take the dense copy (the
 # kernel multiplies in float32; from about here on, bfloat16 matmuls are faster on AVX512-BF16).
@@ -271,13 +272,29 @@ def apply_weight_format(
     act_dtype: torch.dtype,
     kernels: Any | None,
     device: torch.device | None = None,
+    calibration: list[list[int]] | None = None,
 ) -> None:
     """Replace the model's linears and its embedding/output tables by `fmt` (in place, on the
     CPU, before the model moves to `device`, the CPU when None). The int formats' dense copy
     is `prefill_dtype(device)`; without the compiled kernels (or off the CPU) they compute
-    through it: correct, not faster."""
+    through it: correct, not faster. w8a8 (rag.engine.w8a8) measures its activations on the
+    `calibration` token sequences first (none: no smoothing)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "w8a8":
+        if device is not None and device.type != "cpu":
+            raise ValueError("the w8a8 weight format runs on the CPU only")
+        maxima = channel_maxima(model, calibration) if calibration else {}
+        apply_w8a8(model, maxima, kernels)
+        # The embedding / output matrix as the int formats keep it (GGUF's Q8_0, weight-only):
+        # 8-bit activations into the output matrix moved greedy choices (bench/README.md).
+        embed, head = model.embed_tokens.weight, model.lm_head.weight
+        rows = Q8Table(embed, kernels)
+        tied = head.data_ptr() == embed.data_ptr()
+        model.set_tables(rows, rows if tied else Q8Table(head, kernels))
+        model.weight_format = fmt
+        log.info("engine weights: w8a8 (%d calibration sequences)", len(calibration or []))
+        return
     usable = kernels
     copy = prefill_dtype(device or torch.device("cpu"))
     dense = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(fmt)
@@ -312,12 +329,15 @@ def apply_weight_format(
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the weights a decode step reads (the quantized form where there is one)."""
+
     total = 0
     seen: set[int] = set()
     for module in model.modules():
         tensors: list[torch.Tensor] = []
         if isinstance(module, QuantLinear):
             tensors = [module.q, module.scales, module.mins]
+        elif isinstance(module, A8Linear):
+            tensors = [module.packed, module.ws, module.wsum]
         elif isinstance(module, Q8Table):
             tensors = [module.q, module.scales]
         elif isinstance(module, (DenseLinear, DenseTable, nn.Linear)):
@@ -339,25 +359,38 @@ def fused_decode(model: LlamaModel, kernels: Any | None) -> FusedDecode | None:
     layers run as modules)."""
     if kernels is None or model.act_dtype != torch.float32:
         return None
+
     tensors: list[torch.Tensor] = []
     kinds: set[tuple[int, int]] = set()
     empty = torch.empty(0)
     for layer in layers_of(model):
         attn, mlp = layer.self_attn, layer.mlp
+        if layer.input_layernorm.weight.device.type != "cpu":
+            return None
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        in_norm = layer.input_layernorm.weight.detach().float().contiguous()
+        post_norm = layer.post_attention_layernorm.weight.detach().float().contiguous()
+        if all(isinstance(m, A8Linear) and m.kernels is not None for m in linears):
+            a8 = [cast(A8Linear, m) for m in linears]
+            padded = any(m.out_features % 16 for m in a8)
+            if padded or any(m.bias.numel() for m in a8[1:]):
+                return None
+            kinds.add((0, 0))
+            parts = [[m.packed, m.wsum, m.ws, m.smooth] for m in a8]
+            tensors += [in_norm, *parts[0], a8[0].bias, *parts[1], post_norm, *parts[2], *parts[3]]
+            continue
         quantized: list[QuantLinear] = []
-        for module in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for module in linears:
             if not isinstance(module, QuantLinear) or module.kernels is None:
                 return None
             quantized.append(module)
         qkv, o, gu, down = quantized
-        if layer.input_layernorm.weight.device.type != "cpu":
-            return None
         kinds.update((lin.bits, lin.group if lin.bits == 4 else 0) for lin in quantized)
         if o.bias is not None or gu.bias is not None or down.bias is not None:
             return None
-        tensors += [layer.input_layernorm.weight.detach().float().contiguous()]
+        tensors += [in_norm]
         tensors += [qkv.q, qkv.scales, qkv.mins, empty if qkv.bias is None else qkv.bias]
-        tensors += [o.q, o.scales, o.mins, layer.post_attention_layernorm.weight.detach().float()]
+        tensors += [o.q, o.scales, o.mins, post_norm]
         tensors += [gu.q, gu.scales, gu.mins, down.q, down.scales, down.mins]
     if len(kinds) != 1:
         return None

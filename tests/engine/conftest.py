@@ -165,3 +165,35 @@ def greedy_paged(
         out = sched.schedule()
         sched.postprocess(out, runner.execute(out))
     return [s.output_token_ids for s in seqs]
+
+
+def generate_drafting(
+    model: Any,
+    prompts: list[list[int]],
+    spec: Any,
+    *,
+    params: SamplingParams | None = None,
+    attention_kernel: bool = False,
+    token_texts: Any = None,
+) -> tuple[list[list[int]], int]:
+    """The outputs of `prompts` through the scheduler and a ModelRunner over `model`, drafting
+    with `spec` (None: not at all), and how many drafted tokens were verified. The step costs
+    are primed so that drafting pays from the first step."""
+    import torch
+
+    from rag.engine.runner import KVCacheSpec, ModelRunner
+    from rag.engine.scheduler import Scheduler
+
+    params = params or SamplingParams(max_tokens=24)
+    sched = Scheduler(SchedulerConfig(4, 24, 256, spec=spec), BlockManager(64, 4))
+    for rows in range(1, 16):
+        sched.costs.observe(rows, 0, 10.0 + 0.1 * rows)
+    runner = ModelRunner(model, KVCacheSpec(64, 4), torch.device("cpu"),
+                         attention_kernel=attention_kernel, token_texts=token_texts)  # fmt: skip
+    seqs = [Sequence(str(i), p, params, 256) for i, p in enumerate(prompts)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work:
+        out = sched.schedule()
+        sched.postprocess(out, runner.execute(out))
+    return [s.output_token_ids for s in seqs], sched.num_drafted

@@ -146,6 +146,30 @@ def test_decode_kernel_matches_the_torch_path(
     torch.testing.assert_close(kernel_out, torch_out, rtol=1e-5, atol=1e-5)
 
 
+def test_decode_kernel_attends_a_sequence_alike_in_any_batch():
+    """Bit for bit: a sequence's attention does not depend on the others in the step (its
+    context is cut into stretches by its own length), so a token decodes the same alone, in a
+    batch, or with speculative drafts beside it."""
+    kernel = require_kernel()
+    gen = torch.Generator().manual_seed(3)
+    lens = [700, 130, 1, 260, 999]
+    bs, nb = 16, sum(-(-n // 16) for n in [700, 130, 1, 260, 999])
+    k_cache = torch.randn(nb, 3, bs, 64, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(nb, 3, bs, 64, generator=gen).to(torch.bfloat16)
+    q = torch.randn(len(lens), 9, 64, generator=gen)
+    tables, at = [], 0
+    for n in lens:
+        tables.append(list(range(at, at + -(-n // bs))))
+        at += -(-n // bs)
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    together = kernel(q, k_cache, v_cache, padded, torch.tensor(lens), 0.125)
+    for i, n in enumerate(lens):
+        alone = kernel(q[i : i + 1].contiguous(), k_cache, v_cache,
+                       torch.tensor([tables[i]]), torch.tensor([n]), 0.125)  # fmt: skip
+        assert torch.equal(alone[0], together[i])
+
+
 @pytest.mark.parametrize("attention_kernel", [False, True], ids=["torch", "kernel"])
 def test_a_bfloat16_kv_cache_computes_alike_however_the_prompt_is_cut(attention_kernel):
     """float32 activations over a bfloat16 KV cache: a prompt attends to its K/V as the cache

@@ -152,8 +152,7 @@ def test_an_answer_that_loops_stops_with_finish_reason_repetition():
 def test_penalised_greedy_with_drafts_is_penalised_greedy_without():
     """Penalties and the mask apply at every draft position: the same tokens with and
     without speculation, on a real (tiny, random) model."""
-    from rag.engine.runner import KVCacheSpec, ModelRunner
-
+    from .conftest import generate_drafting
     from .test_quant import tiny
 
     prompts = [[5, 9, 17, 3] * 4, list(range(20, 40)) * 2, [7, 8] * 6]
@@ -161,19 +160,7 @@ def test_penalised_greedy_with_drafts_is_penalised_greedy_without():
                             repetition_penalty=1.1, cite_passages=3)  # fmt: skip
 
     def generate(spec):  # type: ignore[no-untyped-def]
-        model = tiny()
-        sched = Scheduler(SchedulerConfig(4, 24, 256, spec=spec), BlockManager(64, 4))
-        for rows in range(1, 16):
-            sched.costs.observe(rows, 0, 10.0 + 0.1 * rows)
-        runner = ModelRunner(model, KVCacheSpec(64, 4), torch.device("cpu"),
-                             token_texts=lambda: TEXTS)  # fmt: skip
-        seqs = [Sequence(str(i), p, params, 256) for i, p in enumerate(prompts)]
-        for s in seqs:
-            sched.add(s)
-        while sched.has_work:
-            out = sched.schedule()
-            sched.postprocess(out, runner.execute(out))
-        return [s.output_token_ids for s in seqs], sched.num_drafted
+        return generate_drafting(tiny(), prompts, spec, params=params, token_texts=lambda: TEXTS)
 
     plain, _ = generate(None)
     drafted, verified = generate(SpecConfig(k_max=4))

@@ -164,29 +164,13 @@ torch = pytest.importorskip("torch")
 def test_greedy_with_drafts_is_greedy_without(tmp_path):
     """On a real (tiny, random) model, through the runner: the same tokens with and without
     drafting, and drafts were in fact verified."""
-    from rag.engine.runner import KVCacheSpec, ModelRunner
-
+    from .conftest import generate_drafting
     from .test_quant import tiny
 
     prompts = [[5, 9, 17, 3] * 4, list(range(20, 40)) * 2, [7, 8] * 6]
 
-    def generate(spec):
-        model = tiny()
-        bm = BlockManager(64, 4)
-        cfg = SchedulerConfig(
-            max_num_seqs=4, max_num_batched_tokens=24, max_model_len=256, spec=spec
-        )
-        sched = Scheduler(cfg, bm)
-        for rows in range(1, 16):
-            sched.costs.observe(rows, 0, 10.0 + 0.1 * rows)
-        runner = ModelRunner(model, KVCacheSpec(64, 4), torch.device("cpu"), attention_kernel=True)
-        seqs = [make_seq(str(i), p, max_tokens=24) for i, p in enumerate(prompts)]
-        for s in seqs:
-            sched.add(s)
-        while sched.has_work:
-            out = sched.schedule()
-            sched.postprocess(out, runner.execute(out))
-        return [s.output_token_ids for s in seqs], sched.num_drafted
+    def generate(spec):  # type: ignore[no-untyped-def]
+        return generate_drafting(tiny(), prompts, spec, attention_kernel=True)
 
     plain, _ = generate(None)
     drafted, verified = generate(SpecConfig(k_max=4))

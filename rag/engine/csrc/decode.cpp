@@ -19,7 +19,13 @@
 
 namespace {
 
-constexpr int kPerLayer = 15;
+// Where a layer's tensors lie in `layers` (see decode_layers), for weight-only formats and for
+// w8a8 (a linear is 3 or 4 tensors).
+struct Layout {
+  int64_t per_layer, in_norm, qkv, qkv_bias, o, post_norm, gu, down;
+};
+constexpr Layout kWeightOnly{15, 0, 1, 4, 5, 8, 9, 12};
+constexpr Layout kA8{19, 0, 1, 5, 6, 10, 11, 15};
 
 // The threads of one step meet here between stages. OpenMP's own barrier would do, but
 // libgomp spins only ~100 times before sleeping once the process has more OpenMP threads than
@@ -82,21 +88,62 @@ void rope(float* v, const float* cos, const float* sin, int64_t heads, int64_t D
   }
 }
 
-ragserve::QWeight linear(const std::vector<torch::Tensor>& t, int64_t at, int64_t bits,
-                         int64_t group4) {
+// One linear of a layer in either kind of weights: 4- or 8-bit weight-only groups (float
+// products, `bits` 4 or 8) or w8a8 (8-bit activations too, `bits` 0; rag.engine.w8a8).
+struct Linear {
+  ragserve::QWeight q{};
+  ragserve::I8Weight a8{};
+  bool is_a8 = false;
+
+  int64_t k() const { return is_a8 ? a8.k : q.k; }
+  // What the matmul needs of its input, made once by one thread: the groups' sums (4 bits)
+  // or the quantized rows and their scales (w8a8).
+  void prepare(const float* x, int64_t B, float* xsum, uint8_t* xq, float* xs) const {
+    if (is_a8) {
+      ragserve::i8_quantize(x, 0, B, a8, xq, xs);
+    } else {
+      ragserve::group_sums(x, B, q, xsum);
+    }
+  }
+  void rows(const float* x, int64_t B, const float* xsum, const uint8_t* xq, const float* xs,
+            float* out, int64_t part, int64_t parts) const {
+    if (is_a8) {
+      ragserve::i8_gemm_rows(xq, xs, B, a8, out, part, parts);
+    } else {
+      ragserve::qgemm_rows(x, B, q, xsum, out, part, parts);
+    }
+  }
+};
+
+// The tensors of one linear at `at` in `t`: 3 weight-only (packed, scales, mins) or 4 w8a8
+// (packed, wsum, ws, smooth; the bias, where there is one, right after: `bias_at`).
+Linear linear(const std::vector<torch::Tensor>& t, int64_t at, int64_t bits, int64_t group4,
+              int64_t bias_at = -1) {
+  Linear lin;
+  if (bits == 0) {
+    const torch::Tensor none = torch::empty({0});
+    lin.is_a8 = true;
+    lin.a8 = ragserve::i8weight(t[at], t[at + 1], t[at + 2], t[at + 3],
+                                bias_at >= 0 ? t[bias_at] : none);
+    return lin;
+  }
   const torch::Tensor& q = t[at];
   const int64_t k = bits == 4 ? q.size(1) * 2 : q.size(1);
-  return ragserve::qweight(q, t[at + 1], t[at + 2], bits, bits == 4 ? group4 : k);
+  lin.q = ragserve::qweight(q, t[at + 1], t[at + 2], bits, bits == 4 ? group4 : k);
+  return lin;
 }
 
 }  // namespace
 
 // x [B, E] float32: the step's embeddings in, its hidden states out (before the final norm).
-// cos, sin [B, D]; kv_caches [L, 2, NB, Hkv, BS, D] float32 or bfloat16; kv_rows [B * Hkv]: the row of
-// each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D]; block_tables [B, MB];
-// context_lens [B]. `layers` holds kPerLayer tensors a layer: input norm; q/k/v packed,
-// scales, mins; q/k/v bias (empty if none); output packed, scales, mins; post norm; gate/up
-// packed, scales, mins; down packed, scales, mins. 8-bit weights have a scale per row.
+// cos, sin [B, D]; kv_caches [L, 2, NB, Hkv, BS, D] float32 or bfloat16; kv_rows [B * Hkv]: the
+// row of each (token, KV head) in a layer's cache viewed as [NB * Hkv * BS, D]; block_tables
+// [B, MB]; context_lens [B]. `layers` holds a layer's tensors one layer after another:
+// - bits 4 or 8 (weight-only), 15 a layer: input norm; q/k/v packed, scales, mins; q/k/v bias
+//   (empty if none); output packed, scales, mins; post norm; gate/up packed, scales, mins;
+//   down packed, scales, mins. 8-bit weights have a scale per row.
+// - bits 0 (w8a8), 19 a layer: input norm; q/k/v packed, wsum, ws, smooth; q/k/v bias (empty
+//   if none); output packed, wsum, ws, smooth; post norm; gate/up the four; down the four.
 torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                             torch::Tensor kv_caches, torch::Tensor kv_rows,
                             torch::Tensor block_tables, torch::Tensor context_lens,
@@ -107,14 +154,24 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   const bool bf16 = kv_caches.scalar_type() == torch::kBFloat16;
   TORCH_CHECK((bf16 || kv_caches.scalar_type() == torch::kFloat32) && kv_caches.is_contiguous(),
               "a contiguous float32 or bfloat16 KV cache");
+  TORCH_CHECK(bits == 0 || bits == 4 || bits == 8, "bits: 4, 8 or 0 (w8a8)");
+  const Layout lay = bits == 0 ? kA8 : kWeightOnly;
   const int64_t L = kv_caches.size(0);
-  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * kPerLayer, "tensors per layer");
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * lay.per_layer, "tensors per layer");
   const int64_t B = x.size(0), E = x.size(1);
   const int64_t QKV = (H + 2 * Hkv) * D;
-  const torch::Tensor& gate_up = layers[9];
-  const int64_t I = gate_up.size(0) / 2;
-  TORCH_CHECK((bits == 4 ? gate_up.size(1) * 2 : gate_up.size(1)) == E,
-              "gate/up weights do not match the hidden size");
+  // Every layer's linears, checked here, before any thread starts.
+  std::vector<Linear> lin_qkv, lin_o, lin_gu, lin_down;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t at = l * lay.per_layer;
+    lin_qkv.push_back(linear(layers, at + lay.qkv, bits, group, at + lay.qkv_bias));
+    lin_o.push_back(linear(layers, at + lay.o, bits, group));
+    lin_gu.push_back(linear(layers, at + lay.gu, bits, group));
+    lin_down.push_back(linear(layers, at + lay.down, bits, group));
+  }
+  const int64_t I = (bits == 0 ? lin_gu[0].a8.n : lin_gu[0].q.n) / 2;
+  TORCH_CHECK(lin_gu[0].k() == E && lin_qkv[0].k() == E, "weights do not match the hidden size");
+  TORCH_CHECK((bits == 0 ? lin_qkv[0].a8.n : lin_qkv[0].q.n) == QKV, "q/k/v do not match heads");
   const float feps = static_cast<float>(eps);
   auto opts = x.options();
   auto h = torch::empty({B, E}, opts);
@@ -135,10 +192,13 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   const int64_t* rows = kv_rows.data_ptr<int64_t>();
-  // The sums of each group of a matmul's input (4 bits), the largest input being I wide.
-  std::vector<float> xsum(B * std::max(E, std::max(I, H * D)) / 32 + 1);
+  // What a matmul's input becomes first (the largest input being I wide): the sums of its
+  // groups (4 bits), or its rows quantized and their scales (w8a8).
+  const int64_t widest = std::max(E, std::max(I, H * D));
+  std::vector<float> xsum(B * widest / 32 + 1);
+  std::vector<uint8_t> xq(bits == 0 ? B * widest : 0);
+  std::vector<float> xs(B);
   std::unique_ptr<ragserve::PagedDecode> plan;
-  ragserve::QWeight w_qkv{}, w_o{}, w_gu{}, w_down{};
   torch::Tensor k_cache, v_cache;
   const int threads = static_cast<int>(at::get_num_threads());
 
@@ -154,23 +214,21 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     auto sync = [&] { barrier->wait(); };
     std::vector<float> scores;
     for (int64_t l = 0; l < L; ++l) {
-      const int64_t at = l * kPerLayer;
+      const int64_t at = l * lay.per_layer;
+      const Linear &w_qkv = lin_qkv[l], &w_o = lin_o[l], &w_gu = lin_gu[l],
+                   &w_down = lin_down[l];
       if (tid == 0) {
-        w_qkv = linear(layers, at + 1, bits, group);
-        w_o = linear(layers, at + 5, bits, group);
-        w_gu = linear(layers, at + 9, bits, group);
-        w_down = linear(layers, at + 12, bits, group);
         k_cache = kv_caches.select(0, l).select(0, 0);  // [NB, Hkv, BS, D]
         v_cache = kv_caches.select(0, l).select(0, 1);
-        rms_norm(xp, layers[at].data_ptr<float>(), hp, B, E, feps);
-        ragserve::group_sums(hp, B, w_qkv, xsum.data());
+        rms_norm(xp, layers[at + lay.in_norm].data_ptr<float>(), hp, B, E, feps);
+        w_qkv.prepare(hp, B, xsum.data(), xq.data(), xs.data());
       }
       sync();
-      ragserve::qgemm_rows(hp, B, w_qkv, xsum.data(), qkvp, tid, nt);
+      w_qkv.rows(hp, B, xsum.data(), xq.data(), xs.data(), qkvp, tid, nt);
       sync();
       if (tid == 0) {
-        if (layers[at + 4].numel()) {
-          const float* bias = layers[at + 4].data_ptr<float>();
+        if (!w_qkv.is_a8 && layers[at + lay.qkv_bias].numel()) {  // w8a8 adds it in its matmul
+          const float* bias = layers[at + lay.qkv_bias].data_ptr<float>();
           for (int64_t b = 0; b < B; ++b)
             for (int64_t j = 0; j < QKV; ++j) qkvp[b * QKV + j] += bias[j];
         }
@@ -202,17 +260,17 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
       sync();
       for (int64_t bh = tid; bh < plan->heads(); bh += nt) plan->merge(bh);
       sync();
-      if (tid == 0) ragserve::group_sums(ap, B, w_o, xsum.data());
+      if (tid == 0) w_o.prepare(ap, B, xsum.data(), xq.data(), xs.data());
       sync();
-      ragserve::qgemm_rows(ap, B, w_o, xsum.data(), pp, tid, nt);
+      w_o.rows(ap, B, xsum.data(), xq.data(), xs.data(), pp, tid, nt);
       sync();
       if (tid == 0) {
         for (int64_t j = 0; j < B * E; ++j) xp[j] += pp[j];
-        rms_norm(xp, layers[at + 8].data_ptr<float>(), hp, B, E, feps);
-        ragserve::group_sums(hp, B, w_gu, xsum.data());
+        rms_norm(xp, layers[at + lay.post_norm].data_ptr<float>(), hp, B, E, feps);
+        w_gu.prepare(hp, B, xsum.data(), xq.data(), xs.data());
       }
       sync();
-      ragserve::qgemm_rows(hp, B, w_gu, xsum.data(), gup, tid, nt);
+      w_gu.rows(hp, B, xsum.data(), xq.data(), xs.data(), gup, tid, nt);
       sync();
       if (tid == 0) {
         for (int64_t b = 0; b < B; ++b) {
@@ -221,10 +279,10 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
           float* a = actp + b * I;
           for (int64_t j = 0; j < I; ++j) a[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
         }
-        ragserve::group_sums(actp, B, w_down, xsum.data());
+        w_down.prepare(actp, B, xsum.data(), xq.data(), xs.data());
       }
       sync();
-      ragserve::qgemm_rows(actp, B, w_down, xsum.data(), pp, tid, nt);
+      w_down.rows(actp, B, xsum.data(), xq.data(), xs.data(), pp, tid, nt);
       sync();
       // The residual, then (next layer) the norm: one thread, no barrier between them.
       if (tid == 0) for (int64_t j = 0; j < B * E; ++j) xp[j] += pp[j];

@@ -28,6 +28,25 @@ void group_sums(const float* x, int64_t M, const QWeight& w, float* xsum);
 void qgemm_rows(const float* x, int64_t M, const QWeight& w, const float* xsum, float* out,
                 int64_t part, int64_t parts);
 
+// A linear layer in 8-bit integers with 8-bit activations (see i8gemm.cpp).
+struct I8Weight {
+  const int8_t* q;  // packed [N/16, K/4, 16, 4]
+  const int32_t* wsum;
+  const float* ws;
+  const float* smooth;
+  const float* bias;  // nullptr: none
+  int64_t n, k;
+};
+
+I8Weight i8weight(const torch::Tensor& packed, const torch::Tensor& wsum, const torch::Tensor& ws,
+                  const torch::Tensor& smooth, const torch::Tensor& bias);
+// Rows [begin, end) of x [M, w.k] quantized for `w` (bytes [M, w.k], scales [M]), no threads.
+void i8_quantize(const float* x, int64_t begin, int64_t end, const I8Weight& w, uint8_t* xq,
+                 float* xs);
+// out [M, w.n] from quantized rows, part `part` of `parts` of the outputs, no threads.
+void i8_gemm_rows(const uint8_t* xq, const float* xs, int64_t M, const I8Weight& w, float* out,
+                  int64_t part, int64_t parts);
+
 // Decode attention of B single-token queries over their paged contexts (paged_attention.cpp):
 // `items()` work items (a stretch of one sequence's context each) that may run on any thread,
 // each with `scratch()` floats of its own, then `heads()` merges.
@@ -36,7 +55,7 @@ class PagedDecode {
   PagedDecode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
               const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
               float* out, int64_t threads);
-  int64_t items() const { return B_ * splits_; }
+  int64_t items() const { return first_.back(); }
   int64_t heads() const { return B_ * H_; }
   int64_t scratch() const { return (H_ / Hkv_) * BS_; }
   void run(int64_t item, float* scores);
@@ -50,7 +69,8 @@ class PagedDecode {
   const int64_t* bt_;
   const int64_t* lens_;
   float* out_;
-  int64_t B_, H_, D_, Hkv_, BS_, MB_, splits_ = 1;
+  int64_t B_, H_, D_, Hkv_, BS_, MB_, stretch_ = 1;
+  std::vector<int64_t> first_;  // sequence b's items are first_[b] .. first_[b + 1] - 1
   float sc_;
   std::vector<float> pm_, pl_, pacc_;
 };

@@ -5,6 +5,10 @@
 // or two sequences there would otherwise be one or two work items for all the cores. Each
 // item keeps a running max, sum and weighted value per query head over its stretch; the
 // stretches of a sequence are then merged, each rescaled by exp(its max - the overall max).
+// A stretch is a fixed number of tokens (kStretchTokens), whatever else the step holds, so a
+// sequence's attention sums in the same order alone or in any batch: a token decodes the
+// same with and without speculative drafts beside it (8-bit activations would turn the last
+// bit of a different order into a different rounding step, rag.engine.w8a8).
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
@@ -15,6 +19,8 @@
 namespace ragserve {
 
 namespace {
+
+constexpr int64_t kStretchTokens = 128;
 
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
@@ -140,21 +146,23 @@ PagedDecode::PagedDecode(const torch::Tensor& q, const torch::Tensor& k_cache,
       BS_(k_cache.size(2)),
       MB_(block_tables.size(1)),
       sc_(static_cast<float>(scale)) {
-  // Stretches per sequence: enough items for every thread twice over, at least a few blocks
-  // each (merging costs H * D per stretch).
-  const int64_t want = std::max<int64_t>(1, (2 * threads + B_ - 1) / B_);
-  int64_t max_blocks = 1;
-  for (int64_t b = 0; b < B_; ++b) max_blocks = std::max(max_blocks, (lens_[b] + BS_ - 1) / BS_);
-  splits_ = std::max<int64_t>(1, std::min(want, max_blocks / 4));
-  pm_.resize(B_ * splits_ * H_);
-  pl_.resize(B_ * splits_ * H_);
-  pacc_.resize(B_ * splits_ * H_ * D_);
+  (void)threads;  // the split depends on each sequence's own length only (see above)
+  stretch_ = std::max<int64_t>(1, kStretchTokens / BS_);
+  first_.resize(B_ + 1, 0);
+  for (int64_t b = 0; b < B_; ++b) {
+    const int64_t nblocks = (lens_[b] + BS_ - 1) / BS_;
+    first_[b + 1] = first_[b] + std::max<int64_t>(1, (nblocks + stretch_ - 1) / stretch_);
+  }
+  pm_.resize(first_[B_] * H_);
+  pl_.resize(first_[B_] * H_);
+  pacc_.resize(first_[B_] * H_ * D_);
 }
 
 void PagedDecode::run(int64_t item, float* scores) {
-  const int64_t b = item / splits_, s = item % splits_;
+  const int64_t b = std::upper_bound(first_.begin(), first_.end(), item) - first_.begin() - 1;
+  const int64_t s = item - first_[b];
   const int64_t nblocks = (lens_[b] + BS_ - 1) / BS_;
-  const int64_t j0 = nblocks * s / splits_, j1 = nblocks * (s + 1) / splits_;
+  const int64_t j0 = std::min(nblocks, s * stretch_), j1 = std::min(nblocks, (s + 1) * stretch_);
   float* m = pm_.data() + item * H_;
   float* l = pl_.data() + item * H_;
   float* acc = pacc_.data() + item * H_ * D_;
@@ -173,12 +181,12 @@ void PagedDecode::run(int64_t item, float* scores) {
 void PagedDecode::merge(int64_t bh) {
   const int64_t b = bh / H_, h = bh % H_;
   float mx = -1e30f;
-  for (int64_t s = 0; s < splits_; ++s) mx = std::max(mx, pm_[(b * splits_ + s) * H_ + h]);
+  for (int64_t item = first_[b]; item < first_[b + 1]; ++item)
+    mx = std::max(mx, pm_[item * H_ + h]);
   float total = 0.0f;
   float* o = out_ + bh * D_;
   std::fill(o, o + D_, 0.0f);
-  for (int64_t s = 0; s < splits_; ++s) {
-    const int64_t item = b * splits_ + s;
+  for (int64_t item = first_[b]; item < first_[b + 1]; ++item) {
     const float w = std::exp(pm_[item * H_ + h] - mx);
     total += pl_[item * H_ + h] * w;
     const float* a = pacc_.data() + (item * H_ + h) * D_;
