@@ -6,7 +6,8 @@ Parts (--parts, comma separated; all by default):
 - matmul: one decoder layer's four linears (SmolLM2's shapes, random weights) at 1-512 input
   rows in each CPU path: float32 and bfloat16 matmuls (torch), the weight-only quantized
   kernel (int4, float products) and w8a8's integer kernel (8-bit activations, quantizing
-  included); the median of alternating rounds.
+  included); the median of alternating rounds. Then whole engine steps of B decodes and a
+  prompt chunk of P tokens, int4 against w8a8.
 - single: one stream, a ~1,000-token prompt, 256 new tokens (EOS ignored): time to first token
   and decode tokens/s of the engine (defaults: int4, speculative on; and speculative off)
   against llama.cpp (llama-cpp-python, the same GGUF, the same token ids), alternating the
@@ -731,9 +732,10 @@ def part_matmul(args: argparse.Namespace, tok: HFTokenizer, report: Report) -> N
     a8 = [A8Linear(w, None, None, compiled) for w in weights]
     bf16 = [w.bfloat16() for w in weights]
     rows_list = [1, 4, 16, 64, 256] if args.quick else [1, 4, 8, 16, 32, 64, 128, 256, 512]
+    path = "VNNI" if compiled.i8_fast() else "AVX2" if compiled.i8_simd() else "plain loops"
     note(
         f"one decoder layer's linears (SmolLM2: {shapes}), ms per layer, 2 threads, weights "
-        f"in cache; w8a8 built {'with' if compiled.i8_fast() else 'WITHOUT'} VNNI"
+        f"in cache; w8a8's kernel: {path}"
     )
 
     def one_layer(way: str, xs: list[torch.Tensor]) -> None:
@@ -765,6 +767,51 @@ def part_matmul(args: argparse.Namespace, tok: HFTokenizer, report: Report) -> N
         row["w8a8 / fastest other"] = row["w8a8 kernel"] / others
         rows_out.append(row)
     report.table(rows_out)
+    step_costs(args, tok, report)
+
+
+def step_costs(args: argparse.Namespace, tok: HFTokenizer, report: Report) -> None:
+    """Whole engine steps built by hand (the runner, no scheduler): B decodes at context 800,
+    with and without a prompt chunk of P tokens after 600 cached ones, for int4 and w8a8."""
+    from rag.engine.step import ScheduledChunk, SchedulerOutput
+
+    grid = [(1, 0), (16, 0), (0, 64), (0, 512), (16, 32), (16, 128)]
+    if not args.quick:
+        grid += [(4, 0), (0, 128), (0, 256), (16, 64), (16, 256), (16, 512)]
+    note("engine steps: B decodes at context 800 + a prompt chunk of P tokens at 600, ms")
+    cols: dict[str, dict[tuple[int, int], float]] = {}
+    for fmt in ("int4", "w8a8"):
+        with engine_of(args, tok, weights=fmt, speculative=False) as engine:
+            runner = engine.runner
+            bs = runner.block_size
+            params = SamplingParams(max_tokens=8)
+            cols[fmt] = {}
+            for b, p in grid:
+                chunks, at = [], 0
+                for i in range(b):
+                    table = list(range(at, at + 801 // bs + 1))
+                    at += len(table)
+                    chunks.append(ScheduledChunk(f"d{i}", [100], 800, table, True, params))
+                if p:
+                    table = list(range(at, at + (600 + p) // bs + 1))
+                    chunks.append(ScheduledChunk("p", list(range(200, 200 + p)), 600, table,
+                                                 True, params))  # fmt: skip
+                out = SchedulerOutput(chunks=chunks)
+                runner.execute(out)
+                times = []
+                for _ in range(3 if args.quick else 7):
+                    t0 = time.perf_counter()
+                    runner.execute(out)
+                    times.append(1000 * (time.perf_counter() - t0))
+                cols[fmt][(b, p)] = med(times)
+    report.table(
+        [
+            {"B decodes": b, "P prompt tokens": p, "int4 ms": cols["int4"][(b, p)],
+             "w8a8 ms": cols["w8a8"][(b, p)],
+             "w8a8 / int4": cols["w8a8"][(b, p)] / cols["int4"][(b, p)]}
+            for b, p in grid
+        ]
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- part: accuracy

@@ -75,15 +75,15 @@ def resolve_kv_dtype(
 
 
 def resolve_weights(name: str, device: torch.device, kernels: Any | None) -> WeightFormat:
-    """auto, on a CPU with the compiled kernels: w8a8 where the CPU has VNNI (8-bit
-    activations too: prefill 2-2.5x and a 16-stream decode step 1.6x faster than int4 here,
-    perplexity +0.5-0.8% over float32; bench/README.md), else int4 (the bundled GGUF's own
-    groups, weight-only); bfloat16 elsewhere."""
+    """auto, on a CPU with the compiled kernels: w8a8 where its integer kernel has a vector
+    path (VNNI or AVX2; 8-bit activations too: prefill 1.3-2.5x and a 16-stream decode step
+    1.3-1.6x faster than int4, perplexity +0.8% over float32; bench/README.md), else int4
+    (the bundled GGUF's own groups, weight-only); bfloat16 elsewhere."""
     if name != "auto":
         return name  # type: ignore[return-value]
     if device.type != "cpu" or kernels is None:
         return "bfloat16"
-    return "w8a8" if kernels.i8_fast() else "int4"
+    return "w8a8" if kernels.i8_simd() else "int4"
 
 
 def build_local_engine(settings: EngineSettings) -> Engine:

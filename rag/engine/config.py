@@ -38,16 +38,17 @@ class EngineSettings(BaseModel):
         default="auto",
         description="The KV cache's format, apart from the activations'. bfloat16 halves what "
         "a decode step reads of the context and holds twice the tokens in kv_cache_mb; "
-        "activations stay in dtype. auto = bfloat16 on CPU under int4/int8 weights (+0.06% "
-        "perplexity, bench/README.md), else as dtype (float32 weights stay exact).",
+        "activations stay in dtype. auto = bfloat16 on CPU under int4/int8/w8a8 weights "
+        "(+0.06% perplexity under int4, bench/README.md), else as dtype (float32 weights stay "
+        "exact).",
     )
     weights: Literal["auto", "float32", "bfloat16", "int8", "int4", "w8a8"] = Field(
         default="auto",
         description="The linears' weight format (rag.engine.quant). auto = w8a8 on a CPU with "
-        "VNNI (8-bit weights and activations, multiplied as integers: rag.engine.w8a8), int4 on "
-        "other CPUs (the bundled GGUF's own Q4_1 groups: decode reads an eighth of float32's "
-        "bytes, prefill a dense copy: bfloat16 with AVX512-BF16 or AMX, float32 where bfloat16 "
-        "is emulated), bfloat16 on CUDA.",
+        "VNNI or AVX2 (8-bit weights and activations, multiplied as integers: rag.engine.w8a8), "
+        "int4 on older CPUs (the bundled GGUF's own Q4_1 groups: decode reads an eighth of "
+        "float32's bytes, prefill a dense copy: bfloat16 with AVX512-BF16 or AMX, float32 where "
+        "bfloat16 is emulated), bfloat16 on CUDA.",
     )
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
     block_size: int = Field(default=16, ge=1, le=1024)

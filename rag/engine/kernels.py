@@ -35,7 +35,7 @@ SOURCES = ("module.cpp", "paged_attention.cpp", "qgemm.cpp", "decode.cpp", "i8ge
 # Bump when a source changes: the extensions folder caches builds by name. The build is
 # -march=native, so the name carries the CPU's vector class too (AVX2, AVX512, ...): a cache
 # carried to another CPU builds anew instead of loading instructions it lacks.
-NAME = f"ragserve_engine_kernels_v4_{torch.backends.cpu.get_cpu_capability().lower()}"
+NAME = f"ragserve_engine_kernels_v5_{torch.backends.cpu.get_cpu_capability().lower()}"
 
 PagedDecode = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor

@@ -4,13 +4,13 @@ Weight-only formats (rag.engine.quant) multiply in float: a decode step of a few
 there, but every row of a prefill costs float arithmetic. Here each linear's input is rounded
 to 8 bits with one scale a token, its weights to 8 bits with one scale an output row, and the
 product is a sum of integers (VNNI's VPDPBUSD on the CPU: four times the multiply-adds of a
-float32 FMA per instruction). Rounding a token's activations with one scale loses the small
-channels next to the few very large ones a language model's activations carry, so the
-channels are first evened out as SmoothQuant does (Xiao et al., 2023): x / s goes into the
-int8 matmul, W * s into the weights, the same product in exact arithmetic, with
-s_j = max|x_j|^alpha / max|W_j|^(1 - alpha). The maxima |x_j| are measured once, when the
-model loads, on a calibration text shipped with the engine (calibration.txt: prose, code,
-tables, a chat; the model's own chat template around part of it).
+float32 FMA per instruction; without VNNI, AVX2's VPMADDWD: twice). Rounding a token's
+activations with one scale loses the small channels next to the few very large ones a language
+model's activations carry, so the channels are first evened out as SmoothQuant does (Xiao et
+al., 2023): x / s goes into the int8 matmul, W * s into the weights, the same product in exact
+arithmetic, with s_j = max|x_j|^alpha / max|W_j|^(1 - alpha). The maxima |x_j| are measured
+once, when the model loads, on a calibration text shipped with the engine (calibration.txt:
+prose, code, tables, a chat; the model's own chat template around part of it).
 
 The integer sums do not depend on which other rows share a call, so a token computes the same
 whether its prompt was cut into one chunk or ten, and a decode the same in any batch (the

@@ -8,6 +8,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torc
 torch::Tensor i8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor wsum,
                         torch::Tensor ws, torch::Tensor smooth, torch::Tensor bias);
 bool i8_fast();
+bool i8_simd();
 torch::Tensor q8_rows(torch::Tensor w, torch::Tensor scales, torch::Tensor ids, int64_t group);
 torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                             torch::Tensor kv_caches, torch::Tensor kv_rows,
@@ -20,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &qgemm, "x @ W^T with W in 4- or 8-bit groups");
   m.def("i8_linear", &i8_linear, "x @ W^T in 8-bit integers (x per row, W per output row)");
   m.def("i8_fast", &i8_fast, "whether i8_linear was built with VNNI");
+  m.def("i8_simd", &i8_simd, "whether i8_linear was built with VNNI or AVX2 (else plain loops)");
   m.def("q8_rows", &q8_rows, "rows of an 8-bit table, dequantized");
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step");
 }
