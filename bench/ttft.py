@@ -6,7 +6,7 @@
     python bench/ttft.py --quick   # 500 documents, 60 + 60, 16 clients x 32, 40 QA pairs
 
 1. One client, one question at a time, over HTTP (streamed /ask, default settings: 5
-   passages, 256 tokens at most, int4 weights). Two tenants hold the same wiki_vital
+   passages, 256 tokens at most, the default weights). Two tenants hold the same wiki_vital
    documents; one asks with kv_reuse=blend, the other with kv_reuse=prefix, the same
    question in turn (so both see the same machine at the same time, and share no cache).
    Questions: three per document from its title and description (templates, fixed seed);
