@@ -283,7 +283,10 @@ class Engine:
                 outbox += self._fail_one(request_id, error)
         else:
             self.scheduler.costs.observe(
-                out.num_decode_rows, out.num_prefill_tokens, (time.perf_counter() - started) * 1000
+                out.num_decode_rows,
+                out.num_prefill_tokens,
+                (time.perf_counter() - started) * 1000,
+                out.prefill_position,
             )
         for r in self.scheduler.postprocess(out, result):
             req = self._requests[r.seq.request_id]

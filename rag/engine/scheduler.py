@@ -130,8 +130,11 @@ class Scheduler:
         decoding = sum(1 for s in self.running if self._left(s) == 1)
         prefill_left = budget
         if self.config.itl_target_ms is not None and decoding:
+            # Priced where the next prompt chunk starts: a running prompt's next token, else
+            # a new prompt's first.
+            start = next((s.num_computed_tokens for s in self.running if self._left(s) > 1), 0)
             prefill_left = self.costs.prefill_budget(
-                decoding, self.config.itl_target_ms, self.config.min_prefill_chunk, budget
+                decoding, self.config.itl_target_ms, self.config.min_prefill_chunk, budget, start
             )
         # Drafts are sized against what the whole step yields per millisecond.
         spec = self.config.spec

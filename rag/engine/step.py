@@ -65,6 +65,20 @@ class SchedulerOutput:
         return self.num_tokens - self.num_decode_rows
 
     @property
+    def prefill_position(self) -> float | None:
+        """The mean position of the prompt tokens in their prompts (None without any)."""
+        total, count = 0, 0
+        for c in self.chunks:
+            n = len(c.token_ids)
+            if (n == 1 and c.positions is None) or c.num_draft:
+                continue
+            total += (
+                sum(c.positions) if c.positions is not None else n * c.start_pos + n * (n - 1) // 2
+            )
+            count += n
+        return total / count if count else None
+
+    @property
     def is_empty(self) -> bool:
         return not self.chunks
 

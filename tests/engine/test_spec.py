@@ -197,3 +197,39 @@ def test_verifying_drafts_keeps_the_sampling_distribution():
         freq = counts / n
         # Four standard errors of a binomial proportion, per token.
         assert torch.all((freq - p).abs() <= 4 * torch.sqrt(p * (1 - p) / n) + 1e-3), (draft, freq)
+
+
+def test_step_costs_price_a_prompt_token_by_how_far_into_its_prompt_it_is():
+    """Tokens further into a prompt attend to more and cost more: the budget of a chunk that
+    starts deep in its prompt is smaller than one at the start, and both follow the line
+    through the two averages."""
+    costs = StepCosts()
+    for _ in range(30):
+        costs.observe(2, 0, 20.0)
+        costs.observe(2, 100, 70.0, position=100.0)  # 0.5 ms a token near the start
+        costs.observe(2, 100, 120.0, position=1100.0)  # 1.0 ms a token further on
+    assert costs.token_ms(100.0) == pytest.approx(0.5, rel=0.02)
+    assert costs.token_ms(1100.0) == pytest.approx(1.0, rel=0.02)
+    assert costs.token_ms(600.0) == pytest.approx(0.75, rel=0.02)
+    near = costs.prefill_budget(2, 100.0, 16, 512, start=0)
+    far = costs.prefill_budget(2, 100.0, 16, 512, start=1500)
+    assert near > far
+    assert far == pytest.approx(80 / 1.2, abs=3)  # ~1.2 ms a token around position 1530
+    assert costs.prefill_budget(2, 100.0, 16, 512) == pytest.approx(80 / costs.token_ms(), abs=2)
+
+
+def test_a_steps_prompt_position_is_the_mean_over_its_prompt_tokens():
+    from rag.engine.sampler import SamplingParams
+    from rag.engine.step import ScheduledChunk, SchedulerOutput
+
+    p = SamplingParams()
+    out = SchedulerOutput(
+        chunks=[
+            ScheduledChunk("d", [7], 500, [0], True, p),  # a decode: not a prompt token
+            ScheduledChunk("v", [7, 8, 9], 300, [1], True, p, num_draft=2),  # drafts: neither
+            ScheduledChunk("a", [1, 2, 3, 4], 10, [2], False, p),  # positions 10..13
+            ScheduledChunk("b", [5, 6], 0, [3], True, p, positions=[40, 60]),
+        ]
+    )
+    assert out.prefill_position == pytest.approx((10 + 11 + 12 + 13 + 40 + 60) / 6)
+    assert SchedulerOutput(chunks=out.chunks[:2]).prefill_position is None
