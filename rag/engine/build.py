@@ -123,11 +123,10 @@ def engine_for_model(
     dtype = resolve_dtype(settings.dtype, device)
     compiled = kernels() if device.type == "cpu" else None
     weights = resolve_weights(settings.weights, device, compiled)
-    calibration = None
-    if weights == "w8a8" and hasattr(tokenizer, "tok"):  # an HFTokenizer
-        from rag.engine.w8a8 import calibration_sequences
+    from rag.engine.w8a8 import calibration_for
 
-        calibration = calibration_sequences(tokenizer.tok)
+    hf = getattr(tokenizer, "tok", None)  # an HFTokenizer's own (none: no smoothing)
+    calibration = calibration_for(weights, hf) if hf is not None else None
     with torch.no_grad():
         model = prepare_model(model, device, dtype, weights, compiled, calibration)
     return assemble(model, tokenizer, eos_token_ids, settings, compiled)

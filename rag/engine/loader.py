@@ -23,6 +23,7 @@ import torch
 from rag.engine.model import LlamaModel
 from rag.engine.model_config import ModelConfig
 from rag.engine.quant import WeightFormat, apply_weight_format
+from rag.engine.w8a8 import calibration_for
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +160,7 @@ def load_model(
     dense = dtype if plain == dtype else torch.float32
     model.load_hf_state_dict({k: v.to(dense) for k, v in _read_state_dict(folder).items()})
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    calibration = None
-    if weights == "w8a8":
-        from rag.engine.w8a8 import calibration_sequences
-
-        calibration = calibration_sequences(tokenizer)
+    calibration = calibration_for(weights, tokenizer)
     model = prepare_model(model, device, dtype, weights, kernels, calibration)
     eos = list(cfg.eos_token_ids)
     gen_path = folder / "generation_config.json"

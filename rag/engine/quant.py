@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rag.engine.model import DecoderLayer, FusedDecode, LlamaModel, Table
-from rag.engine.w8a8 import A8Linear, apply_w8a8, channel_maxima
+from rag.engine.w8a8 import LINEARS, A8Linear, apply_w8a8, channel_maxima
 
 log = logging.getLogger(__name__)
 
@@ -281,37 +281,26 @@ def apply_weight_format(
     `calibration` token sequences first (none: no smoothing)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    usable = kernels
+    dense = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(fmt)
     if fmt == "w8a8":
         if device is not None and device.type != "cpu":
             raise ValueError("the w8a8 weight format runs on the CPU only")
-        maxima = channel_maxima(model, calibration) if calibration else {}
-        apply_w8a8(model, maxima, kernels)
-        # The embedding / output matrix as the int formats keep it (GGUF's Q8_0, weight-only):
-        # 8-bit activations into the output matrix moved greedy choices (bench/README.md).
-        embed, head = model.embed_tokens.weight, model.lm_head.weight
-        rows = Q8Table(embed, kernels)
-        tied = head.data_ptr() == embed.data_ptr()
-        model.set_tables(rows, rows if tied else Q8Table(head, kernels))
-        model.weight_format = fmt
-        log.info("engine weights: w8a8 (%d calibration sequences)", len(calibration or []))
-        return
-    usable = kernels
-    copy = prefill_dtype(device or torch.device("cpu"))
-    dense = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(fmt)
-    for layer in layers_of(model):
-        for owner, name in (
-            (layer.self_attn, "qkv_proj"),
-            (layer.self_attn, "o_proj"),
-            (layer.mlp, "gate_up_proj"),
-            (layer.mlp, "down_proj"),
-        ):
-            linear = getattr(owner, name)
-            if dense is None:
-                setattr(owner, name, QuantLinear(linear, fmt, usable, dense=copy))
-            elif dense != act_dtype:
-                setattr(owner, name, DenseLinear(linear, dense))
-            else:
-                linear.to(act_dtype)
+        apply_w8a8(model, channel_maxima(model, calibration) if calibration else {}, kernels)
+    else:
+        copy = prefill_dtype(device or torch.device("cpu"))
+        for layer in layers_of(model):
+            for owner_name, name in LINEARS:
+                owner = getattr(layer, owner_name)
+                linear = getattr(owner, name)
+                if dense is None:
+                    setattr(owner, name, QuantLinear(linear, fmt, usable, dense=copy))
+                elif dense != act_dtype:
+                    setattr(owner, name, DenseLinear(linear, dense))
+                else:
+                    linear.to(act_dtype)
+    # w8a8 keeps the embedding / output matrix as the int formats do (GGUF's Q8_0,
+    # weight-only): 8-bit activations into the output matrix moved greedy choices.
     embed = model.embed_tokens.weight
     head = model.lm_head.weight
     tied = head is embed or head.data_ptr() == embed.data_ptr()
@@ -324,12 +313,11 @@ def apply_weight_format(
         output = table if tied else Q8Table(head, usable)
     model.set_tables(table, output)
     model.weight_format = fmt
-    log.info("engine weights: %s", fmt)
+    log.info("engine weights: %s (%d calibration sequences)", fmt, len(calibration or []))
 
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the weights a decode step reads (the quantized form where there is one)."""
-
     total = 0
     seen: set[int] = set()
     for module in model.modules():
@@ -359,7 +347,6 @@ def fused_decode(model: LlamaModel, kernels: Any | None) -> FusedDecode | None:
     layers run as modules)."""
     if kernels is None or model.act_dtype != torch.float32:
         return None
-
     tensors: list[torch.Tensor] = []
     kinds: set[tuple[int, int]] = set()
     empty = torch.empty(0)

@@ -40,6 +40,11 @@ class ScheduledChunk:
     candidates: list[bool] | None = None
     recompute_ratio: float = 0.0
 
+    @property
+    def is_decode_row(self) -> bool:
+        """Single-token rows: a decode, or a chunk that verifies drafts (all its tokens)."""
+        return (len(self.token_ids) == 1 and self.positions is None) or self.num_draft > 0
+
 
 @dataclass
 class SchedulerOutput:
@@ -54,11 +59,7 @@ class SchedulerOutput:
     @property
     def num_decode_rows(self) -> int:
         """Single-token rows: decodes, and the tokens of chunks that verify drafts."""
-        return sum(
-            len(c.token_ids)
-            for c in self.chunks
-            if (len(c.token_ids) == 1 and c.positions is None) or c.num_draft
-        )
+        return sum(len(c.token_ids) for c in self.chunks if c.is_decode_row)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -69,9 +70,9 @@ class SchedulerOutput:
         """The mean position of the prompt tokens in their prompts (None without any)."""
         total, count = 0, 0
         for c in self.chunks:
-            n = len(c.token_ids)
-            if (n == 1 and c.positions is None) or c.num_draft:
+            if c.is_decode_row:
                 continue
+            n = len(c.token_ids)
             total += (
                 sum(c.positions) if c.positions is not None else n * c.start_pos + n * (n - 1) // 2
             )

@@ -62,6 +62,11 @@ def calibration_sequences(tokenizer: Any) -> list[list[int]]:
     return [s for s in seqs if len(s) > 1]
 
 
+def calibration_for(weights: str, tokenizer: Any) -> list[list[int]] | None:
+    """The calibration sequences where the weight format measures activations (w8a8)."""
+    return calibration_sequences(tokenizer) if weights == "w8a8" else None
+
+
 @torch.inference_mode()
 def channel_maxima(model: LlamaModel, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
     """max |x_j| of every input channel of every linear, over the sequences prefilled by the
@@ -171,10 +176,6 @@ class A8Linear(nn.Module):
         """The int8 weights [N (padded to 16), K] back from the packed layout."""
         nb, k4 = self.packed.shape[0], self.packed.shape[1]
         return self.packed.permute(0, 2, 1, 3).reshape(nb * 16, k4 * 4)
-
-    def nbytes(self) -> int:
-        """Bytes a decode step reads (the packed weights and their scales)."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.ws, self.wsum))
 
 
 def a8_reference(

@@ -122,6 +122,12 @@ def test_w8a8_is_for_the_cpu():
         apply_weight_format(tiny(), "w8a8", torch.float32, None, torch.device("cuda"))
 
 
+def test_a_linear_whose_inputs_do_not_come_in_fours_is_refused():
+    """The kernel reads inputs 4 bytes at a time: K = 62 is refused at load, not misread."""
+    with pytest.raises(ValueError, match="divisible by 4"):
+        A8Linear(torch.randn(16, 62), None, None, None)
+
+
 def test_w8a8_greedy_with_drafts_is_greedy_without():
     """Drafts are verified through the same integer matmuls as single decodes."""
     from rag.engine.spec import SpecConfig

@@ -252,7 +252,8 @@ inline void block_avx2(const uint16_t* x, int64_t M, int64_t Kp, const int8_t* w
 void gemm_blocks(const uint8_t* x, int64_t M, int64_t Kp, const int8_t* w, const int32_t* wsum,
                  const float* ws, const float* bias, const float* xs, float* out, int64_t N,
                  int64_t b0, int64_t b1) {
-  std::vector<uint16_t> xw(static_cast<size_t>(M * Kp));
+  thread_local std::vector<uint16_t> xw;  // kept between calls: no allocation a linear
+  xw.resize(static_cast<size_t>(M * Kp));
   for (int64_t i = 0; i < M * Kp; ++i) xw[i] = x[i];
   const int64_t ldw = Kp / 4 * 64;
   for (int64_t b = b0; b < b1; ++b) {
