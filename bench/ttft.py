@@ -335,12 +335,17 @@ def _computed(usage: Any) -> int:
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     kls = [r["kl"] for r in rows if not math.isnan(r["kl"])]
+    # The F1 difference is paired (the same question both ways): its standard error says
+    # whether a gap of 0.01 can be told from noise at this many questions.
+    diffs = [r["f1_reuse"] - r["f1_full"] for r in rows]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
     return {
         "same": sum(r["same"] for r in rows) / len(rows),
         "kl_mean": statistics.mean(kls) if kls else float("nan"),
         "kl_p90": pct(kls, 90) if kls else float("nan"),
         "f1_reuse": statistics.mean(r["f1_reuse"] for r in rows),
         "f1_full": statistics.mean(r["f1_full"] for r in rows),
+        "f1_delta_se": se,
         "ttft_reuse": statistics.median(r["ttft_reuse"] for r in rows),
         "ttft_full": statistics.median(r["ttft_full"] for r in rows),
         "computed": statistics.mean(r["computed"] for r in rows),
@@ -388,21 +393,97 @@ def report_fidelity(fid: dict[str, Any]) -> None:
     b = fid["base"]
     print(f"\n## Fidelity against full prefill (docfaq, {fid['n']} questions, greedy, 64 tokens)\n")
     print("| recompute | stored | identical | first-token KL mean | KL p90 | F1 reuse | "
-          "F1 full | computed tokens | TTFT reuse ms | TTFT full ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "F1 full | F1 delta (SE) | computed tokens | TTFT reuse ms | TTFT full ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def fid_row(label: str, stored: str, r: dict[str, Any]) -> None:
         print(f"| {label} | {stored} | {r['same']:.3f} | {r['kl_mean']:.4f} | {r['kl_p90']:.4f} | "
-              f"{r['f1_reuse']:.3f} | {r['f1_full']:.3f} | {r['computed']:.0f} of "
+              f"{r['f1_reuse']:.3f} | {r['f1_full']:.3f} | "
+              f"{r['f1_reuse'] - r['f1_full']:+.3f} ({r['f1_delta_se']:.3f}) | "
+              f"{r['computed']:.0f} of "
               f"{r['prompt']:.0f} | {r['ttft_reuse']:.0f} | {r['ttft_full']:.0f} |")  # fmt: skip
 
     fid_row("default (all questions)", "default", b)
+    delta = b["f1_reuse"] - b["f1_full"]
+    print(
+        f"\nF1 reuse - full: {delta:+.4f}, paired standard error {b['f1_delta_se']:.4f} "
+        f"(95% interval {delta - 1.96 * b['f1_delta_se']:+.4f} to "
+        f"{delta + 1.96 * b['f1_delta_se']:+.4f})"
+    )
     print(f"\nSweep on the first {fid['sweep_n']} questions:\n")
     print("| recompute | stored | identical | first-token KL mean | KL p90 | F1 reuse | "
-          "F1 full | computed tokens | TTFT reuse ms | TTFT full ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "F1 full | F1 delta (SE) | computed tokens | TTFT reuse ms | TTFT full ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in fid["sweep"]:
         fid_row(r["label"], r["stored"], r)
+
+
+def slots(services: Any, n_questions: int) -> dict[str, list[float]]:
+    """Where reuse's error comes from: the first-token KL (full || reuse) when only the
+    passage in one slot comes from the cache (stored alone beforehand; the others computed
+    in place, exactly), when all of them do, and when all but the last do. Default recompute
+    settings."""
+    import torch
+
+    from rag.answer import prompt as prompts
+
+    engine = services.engine
+    capture = Capture(engine.runner.sampler)
+    engine.runner.sampler = capture
+    faq = DocFaq()
+    out: dict[str, list[float]] = {}
+
+    def build(item: Any, passages: Any, salt: str, mode: str) -> Any:
+        return prompts.build(item.question, passages, context_tokens=engine.context_tokens,
+                             max_tokens=64, count=engine.count_tokens, salt=salt,
+                             kv_reuse=mode)  # fmt: skip
+
+    async def main() -> None:
+        for i, item in enumerate(faq.qa[:n_questions]):
+            passages = faq.retrieve(services.embedder, item.question, k=5)
+            exact = build(item, passages, "slots", "off")
+            await generate(engine, exact.prompt, f"full-{i}", 1, f"slots-full-{i}")
+            p = capture.first[f"full-{i}"]
+            given = passages[: exact.given]
+            for slot in [*range(len(given)), "all", "but-last"]:
+                tag = f"slots-{i}-{slot}"  # a salt of its own: nothing shared between runs
+                cached = {"all": given, "but-last": given[:-1]}.get(str(slot))
+                for one in cached if cached is not None else [given[int(slot)]]:
+                    alone = prompts.segmented("", [one], salt=tag, kv_reuse="blend")
+                    await generate(engine, alone, f"{tag}-{one.chunk_id}", 1, tag)
+                await generate(engine, build(item, passages, tag, "blend").prompt, tag, 1, tag)
+                q = capture.first.pop(tag)
+                out.setdefault(str(slot), []).append(float(torch.sum(p.exp() * (p - q))))
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.runner.sampler = capture.inner
+    return out
+
+
+def slots_only(n: int) -> int:
+    from rag.services import build_services
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(tmp), auth={"admin_key": "bench-admin-key-0123456789"})
+        services = build_services(settings, announce_admin_key=False)
+        try:
+            kls = slots(services, n)
+        finally:
+            services.close()
+    print(f"\n## First-token KL by the slot of the one passage taken from the cache ({n} "
+          "docfaq questions)\n")  # fmt: skip
+    print("| passage from the cache | KL mean | KL median |")
+    print("|---|---|---|")
+    for slot, values in kls.items():
+        names = {"all": "all of them", "but-last": "all but the last (computed in place)"}
+        label = names[slot] if slot in names else f"slot {int(slot) + 1} only"
+        print(f"| {label} | {statistics.mean(values):.4f} | {statistics.median(values):.4f} |")
+    print()
+    print(f"FIGURE slots_kl_all {statistics.mean(kls['all']):.4f}")
+    print(f"FIGURE slots_kl_all_but_last {statistics.mean(kls['but-last']):.4f}")
+    return 0
 
 
 def fidelity_only(n: int, sweep_n: int) -> int:
@@ -421,6 +502,7 @@ def fidelity_only(n: int, sweep_n: int) -> int:
     print(f"FIGURE greedy_match_vs_full {b['same']:.3f}")
     print(f"FIGURE first_token_kl {b['kl_mean']:.4f}")
     print(f"FIGURE answer_f1_delta {b['f1_reuse'] - b['f1_full']:+.4f}")
+    print(f"FIGURE answer_f1_delta_se {b['f1_delta_se']:.4f}")
     return 0
 
 
@@ -436,6 +518,8 @@ def main() -> int:
     ap.add_argument("--sweep", type=int, help="QA pairs of the recompute sweep")
     ap.add_argument("--fidelity-only", action="store_true",
                     help="only part 3 (in process, no server): for iterating on reuse")  # fmt: skip
+    ap.add_argument("--slots", type=int, metavar="N",
+                    help="only the KL of reuse by passage slot, over N QA pairs")  # fmt: skip
     ap.add_argument(
         "--max-tokens",
         type=int,
@@ -450,6 +534,8 @@ def main() -> int:
     n_fid = args.fidelity or (40 if args.quick else 322)
     n_sweep = args.sweep or (16 if args.quick else 60)
 
+    if args.slots:
+        return slots_only(args.slots)
     if args.fidelity_only:
         return fidelity_only(n_fid, min(n_sweep, n_fid))
     docs = load_docs(n_docs)
@@ -567,6 +653,7 @@ def main() -> int:
     print(f"FIGURE greedy_match_vs_full {b['same']:.3f}")
     print(f"FIGURE first_token_kl {b['kl_mean']:.4f}")
     print(f"FIGURE answer_f1_delta {b['f1_reuse'] - b['f1_full']:+.4f}")
+    print(f"FIGURE answer_f1_delta_se {b['f1_delta_se']:.4f}")
     return 0
 
 
