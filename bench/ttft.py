@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +178,13 @@ class Capture:
         return self.inner(logits, request_ids, params)
 
 
+def first_token_kl(p: Any, q: Any) -> float:
+    """KL(p || q) of two first-token log-probability rows (full prefill's first)."""
+    import torch
+
+    return float(torch.sum(p.exp() * (p - q)).item())
+
+
 @dataclass
 class Run:
     tokens: list[int] = field(default_factory=list)
@@ -214,8 +223,7 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
 
     def kl(full_rid: str, reuse_rid: str) -> float:
         """KL(full || reuse) of the first token; the full run's distribution is kept."""
-        p, q = capture.first[full_rid], capture.first.pop(reuse_rid)
-        return float(torch.sum(p.exp() * (p - q)).item())
+        return first_token_kl(capture.first[full_rid], capture.first.pop(reuse_rid))
 
     async def one(i: int, item: Any, full: Run | None, tag: str) -> tuple[Run, Run, float]:
         passages = faq.retrieve(services.embedder, item.question, k=5)
@@ -345,6 +353,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "kl_p90": pct(kls, 90) if kls else float("nan"),
         "f1_reuse": statistics.mean(r["f1_reuse"] for r in rows),
         "f1_full": statistics.mean(r["f1_full"] for r in rows),
+        "f1_delta": statistics.mean(diffs),
         "f1_delta_se": se,
         "ttft_reuse": statistics.median(r["ttft_reuse"] for r in rows),
         "ttft_full": statistics.median(r["ttft_full"] for r in rows),
@@ -399,16 +408,15 @@ def report_fidelity(fid: dict[str, Any]) -> None:
     def fid_row(label: str, stored: str, r: dict[str, Any]) -> None:
         print(f"| {label} | {stored} | {r['same']:.3f} | {r['kl_mean']:.4f} | {r['kl_p90']:.4f} | "
               f"{r['f1_reuse']:.3f} | {r['f1_full']:.3f} | "
-              f"{r['f1_reuse'] - r['f1_full']:+.3f} ({r['f1_delta_se']:.3f}) | "
+              f"{r['f1_delta']:+.3f} ({r['f1_delta_se']:.3f}) | "
               f"{r['computed']:.0f} of "
               f"{r['prompt']:.0f} | {r['ttft_reuse']:.0f} | {r['ttft_full']:.0f} |")  # fmt: skip
 
     fid_row("default (all questions)", "default", b)
-    delta = b["f1_reuse"] - b["f1_full"]
+    delta, se = b["f1_delta"], b["f1_delta_se"]
     print(
-        f"\nF1 reuse - full: {delta:+.4f}, paired standard error {b['f1_delta_se']:.4f} "
-        f"(95% interval {delta - 1.96 * b['f1_delta_se']:+.4f} to "
-        f"{delta + 1.96 * b['f1_delta_se']:+.4f})"
+        f"\nF1 reuse - full: {delta:+.4f}, paired standard error {se:.4f} "
+        f"(95% interval {delta - 1.96 * se:+.4f} to {delta + 1.96 * se:+.4f})"
     )
     print(f"\nSweep on the first {fid['sweep_n']} questions:\n")
     print("| recompute | stored | identical | first-token KL mean | KL p90 | F1 reuse | "
@@ -422,9 +430,7 @@ def slots(services: Any, n_questions: int) -> dict[str, list[float]]:
     """Where reuse's error comes from: the first-token KL (full || reuse) when only the
     passage in one slot comes from the cache (stored alone beforehand; the others computed
     in place, exactly), when all of them do, and when all but the last do. Default recompute
-    settings."""
-    import torch
-
+    settings. Keyed by the case's label, in the order measured."""
     from rag.answer import prompt as prompts
 
     engine = services.engine
@@ -443,17 +449,18 @@ def slots(services: Any, n_questions: int) -> dict[str, list[float]]:
             passages = faq.retrieve(services.embedder, item.question, k=5)
             exact = build(item, passages, "slots", "off")
             await generate(engine, exact.prompt, f"full-{i}", 1, f"slots-full-{i}")
-            p = capture.first[f"full-{i}"]
+            full = capture.first.pop(f"full-{i}")
             given = passages[: exact.given]
-            for slot in [*range(len(given)), "all", "but-last"]:
-                tag = f"slots-{i}-{slot}"  # a salt of its own: nothing shared between runs
-                cached = {"all": given, "but-last": given[:-1]}.get(str(slot))
-                for one in cached if cached is not None else [given[int(slot)]]:
+            cases = [(f"slot {n + 1} only", [p]) for n, p in enumerate(given)]
+            cases += [("all of them", given), ("all but the last (computed in place)", given[:-1])]
+            for n, (label, cached) in enumerate(cases):
+                tag = f"slots-{i}-{n}"  # a salt of its own: nothing shared between runs
+                for one in cached:
                     alone = prompts.segmented("", [one], salt=tag, kv_reuse="blend")
                     await generate(engine, alone, f"{tag}-{one.chunk_id}", 1, tag)
+                    capture.first.pop(f"{tag}-{one.chunk_id}", None)
                 await generate(engine, build(item, passages, tag, "blend").prompt, tag, 1, tag)
-                q = capture.first.pop(tag)
-                out.setdefault(str(slot), []).append(float(torch.sum(p.exp() * (p - q))))
+                out.setdefault(label, []).append(first_token_kl(full, capture.first.pop(tag)))
 
     try:
         asyncio.run(main())
@@ -462,46 +469,45 @@ def slots(services: Any, n_questions: int) -> dict[str, list[float]]:
     return out
 
 
-def slots_only(n: int) -> int:
+@contextlib.contextmanager
+def in_process() -> Iterator[Any]:
+    """The service's components in this process, over a throwaway data directory."""
     from rag.services import build_services
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(tmp), auth={"admin_key": "bench-admin-key-0123456789"})
         services = build_services(settings, announce_admin_key=False)
         try:
-            kls = slots(services, n)
+            yield services
         finally:
             services.close()
+
+
+def slots_only(n: int) -> int:
+    with in_process() as services:
+        kls = slots(services, n)
     print(f"\n## First-token KL by the slot of the one passage taken from the cache ({n} "
           "docfaq questions)\n")  # fmt: skip
     print("| passage from the cache | KL mean | KL median |")
     print("|---|---|---|")
-    for slot, values in kls.items():
-        names = {"all": "all of them", "but-last": "all but the last (computed in place)"}
-        label = names[slot] if slot in names else f"slot {int(slot) + 1} only"
+    for label, values in kls.items():
         print(f"| {label} | {statistics.mean(values):.4f} | {statistics.median(values):.4f} |")
     print()
-    print(f"FIGURE slots_kl_all {statistics.mean(kls['all']):.4f}")
-    print(f"FIGURE slots_kl_all_but_last {statistics.mean(kls['but-last']):.4f}")
+    print(f"FIGURE slots_kl_all {statistics.mean(kls['all of them']):.4f}")
+    but_last = statistics.mean(kls["all but the last (computed in place)"])
+    print(f"FIGURE slots_kl_all_but_last {but_last:.4f}")
     return 0
 
 
 def fidelity_only(n: int, sweep_n: int) -> int:
-    from rag.services import build_services
-
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), auth={"admin_key": "bench-admin-key-0123456789"})
-        services = build_services(settings, announce_admin_key=False)
-        try:
-            fid = fidelity(services, n, sweep_n, 64)
-        finally:
-            services.close()
+    with in_process() as services:
+        fid = fidelity(services, n, sweep_n, 64)
     report_fidelity(fid)
     b = fid["base"]
     print()
     print(f"FIGURE greedy_match_vs_full {b['same']:.3f}")
     print(f"FIGURE first_token_kl {b['kl_mean']:.4f}")
-    print(f"FIGURE answer_f1_delta {b['f1_reuse'] - b['f1_full']:+.4f}")
+    print(f"FIGURE answer_f1_delta {b['f1_delta']:+.4f}")
     print(f"FIGURE answer_f1_delta_se {b['f1_delta_se']:.4f}")
     return 0
 
@@ -652,7 +658,7 @@ def main() -> int:
     b = fid["base"]
     print(f"FIGURE greedy_match_vs_full {b['same']:.3f}")
     print(f"FIGURE first_token_kl {b['kl_mean']:.4f}")
-    print(f"FIGURE answer_f1_delta {b['f1_reuse'] - b['f1_full']:+.4f}")
+    print(f"FIGURE answer_f1_delta {b['f1_delta']:+.4f}")
     print(f"FIGURE answer_f1_delta_se {b['f1_delta_se']:.4f}")
     return 0
 
