@@ -271,11 +271,14 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
         default_first = cfg.recompute_first
         # (how, amount, stored): "first" recomputes each passage's first `amount` tokens,
         # "deviation" the share `amount` whose values deviate most after the first layer.
-        choices = sweep_choices(default_first)
+        choices = sweep_choices(default_first) if sweep_n else []
         for how, amount, stored in choices:
+            # "last": the default recompute, and the last `amount` passages computed whole.
             engine.scheduler.config = dataclasses.replace(
-                cfg, recompute=how, recompute_first=int(amount) if how == "first" else 0,
+                cfg, recompute="deviation" if how == "deviation" else "first",
+                recompute_first={"first": int(amount), "last": default_first}.get(how, 0),
                 recompute_ratio=float(amount) if how == "deviation" else 0.0,
+                recompute_last=int(amount) if how == "last" else 0,
             )  # fmt: skip
             old_dtype = engine.passages.dtype
             if stored is not None:
@@ -289,7 +292,8 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
                 part.append(_row(reuse, full, div, item.answer))
             engine.passages.dtype = old_dtype
             summary = _summary(part)
-            label = f"first {int(amount)}" if how == "first" else f"deviation {amount:.0%}"
+            label = {"first": f"first {int(amount)}", "deviation": f"deviation {amount:.0%}",
+                     "last": f"first {default_first}, last {int(amount)} whole"}[how]  # fmt: skip
             if how == "first" and amount >= 100_000:
                 label = "all"
             summary.update(label=label, stored=stored or str(old_dtype).removeprefix("torch."))
@@ -298,7 +302,11 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
                   f"KL {summary['kl_mean']:.4f}", flush=True)  # fmt: skip
         engine.scheduler.config = cfg
         engine.passages.clear()
-        return {"base": base, "sweep": sweep, "n": len(qa), "sweep_n": sweep_n}
+        label = (f"first {cfg.recompute_first}" if cfg.recompute == "first"
+                 else f"deviation {cfg.recompute_ratio:.0%}")  # fmt: skip
+        if cfg.recompute_last:
+            label += f", last {cfg.recompute_last} whole"
+        return {"base": base, "sweep": sweep, "n": len(qa), "sweep_n": sweep_n, "label": label}
 
     try:
         return asyncio.run(main())
@@ -306,7 +314,7 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
         engine.runner.sampler = capture.inner
 
 
-SWEEP = os.environ.get("TTFT_SWEEP")  # e.g. "first:8,deviation:0.15": only these
+SWEEP = os.environ.get("TTFT_SWEEP")  # e.g. "first:8,deviation:0.15,last:1": only these
 # How the passages' KV gets into the cache before a question: "alone" (each computed in a
 # prompt of its own: the issue's protocol, the harder case) or "context" (stored by an earlier
 # prompt over the same passages in another order, as live traffic stores them).
@@ -412,12 +420,14 @@ def report_fidelity(fid: dict[str, Any]) -> None:
               f"{r['computed']:.0f} of "
               f"{r['prompt']:.0f} | {r['ttft_reuse']:.0f} | {r['ttft_full']:.0f} |")  # fmt: skip
 
-    fid_row("default (all questions)", "default", b)
+    fid_row(f"{fid['label']} (all questions)", "default", b)
     delta, se = b["f1_delta"], b["f1_delta_se"]
     print(
         f"\nF1 reuse - full: {delta:+.4f}, paired standard error {se:.4f} "
         f"(95% interval {delta - 1.96 * se:+.4f} to {delta + 1.96 * se:+.4f})"
     )
+    if not fid["sweep"]:
+        return
     print(f"\nSweep on the first {fid['sweep_n']} questions:\n")
     print("| recompute | stored | identical | first-token KL mean | KL p90 | F1 reuse | "
           "F1 full | F1 delta (SE) | computed tokens | TTFT reuse ms | TTFT full ms |")  # fmt: skip
@@ -538,7 +548,7 @@ def main() -> int:
     n_meas = args.measured or (60 if args.quick else 200)
     n_conc = args.concurrent_questions or (32 if args.quick else 128)
     n_fid = args.fidelity or (40 if args.quick else 322)
-    n_sweep = args.sweep or (16 if args.quick else 60)
+    n_sweep = args.sweep if args.sweep is not None else (16 if args.quick else 60)
 
     if args.slots:
         return slots_only(args.slots)

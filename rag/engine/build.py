@@ -192,6 +192,7 @@ def assemble(
         recompute_first=settings.recompute_first,
         recompute=settings.recompute,
         recompute_ratio=settings.recompute_ratio,
+        recompute_last=settings.recompute_last,
     )
     return Engine(
         runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages

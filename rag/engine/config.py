@@ -113,6 +113,15 @@ class EngineSettings(BaseModel):
     recompute_ratio: float = Field(
         default=0.15, ge=0.0, le=1.0, description="The share recomputed by deviation."
     )
+    recompute_last: int = Field(
+        default=0,
+        ge=0,
+        description="The last passages of a blend prompt (those nearest the question) computed "
+        "whole in place even when cached: the question reads them most closely, and their "
+        "cached KV, computed without the passages before them, costs the most fidelity. "
+        "1: docfaq first-token KL 0.129 -> 0.081, F1 gap to full prefill -0.022 -> -0.015, "
+        "at 3x the computed prompt tokens (bench/README.md).",
+    )
     speculative: bool = Field(
         default=True,
         description="Speculative decoding by prompt lookup: draft the tokens that followed the "

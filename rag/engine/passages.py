@@ -13,7 +13,8 @@ of computing it:
 - what independent computation misses (the passage's tokens attending to the other passages
   of this prompt) is repaired by recomputing its first `recompute_first` tokens in place, with
   everything after them attending to the copy (EPIC's choice; bench/README.md measures it
-  against CacheBlend's deviation-based choice and against none);
+  against CacheBlend's deviation-based choice and against none); the last `recompute_last`
+  passages (nearest the question, which reads them most closely) may be computed whole;
 - the rest of the prompt (passage headers, whose numbers change from prompt to prompt, the
   question, the template) is computed as usual, attending to everything before it.
 

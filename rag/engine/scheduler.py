@@ -51,6 +51,9 @@ class SchedulerConfig:
     recompute_first: int = 8
     recompute: str = "first"
     recompute_ratio: float = 0.15
+    # The last passages of a prompt (those nearest the question, which it reads most closely)
+    # computed whole in place even when cached: their cached KV misses the most.
+    recompute_last: int = 0
 
 
 PassageLookup = Callable[[str], "int | None"]
@@ -300,14 +303,18 @@ class Scheduler:
         stores: list[tuple[str, int, int, int | None]] = []
         cursor = computed
         reused = recomputed = 0
-        for span in sorted(seq.segments, key=lambda s: s.start):
+        # The prompt's passages in order, a cut one left out.
+        spans = [s for s in sorted(seq.segments, key=lambda s: s.start)
+                 if s.start < s.end <= seq.num_tokens]  # fmt: skip
+        in_place = len(spans) - self.config.recompute_last
+        for i, span in enumerate(spans):
             n = span.end - span.start
-            if span.end > seq.num_tokens or n <= 0:
-                continue  # cut
             held = self.passages(span.key) == n
             if not held:
                 # Stored once computed (a part inside the prefix hit is there already).
                 stores.append((span.key, span.start, n, span.chunk_id))
+            elif i >= in_place:
+                continue  # computed in place with what follows it (its entry stays as is)
             elif span.start >= computed:  # else: inside the prefix hit (exact or a blend's)
                 keep = round(ratio * n) if by_deviation else min(first, n)
                 positions += range(cursor, span.start if by_deviation else span.start + keep)

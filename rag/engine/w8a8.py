@@ -12,9 +12,12 @@ arithmetic, with s_j = max|x_j|^alpha / max|W_j|^(1 - alpha). The maxima |x_j| a
 once, when the model loads, on a calibration text shipped with the engine (calibration.txt:
 prose, code, tables, a chat; the model's own chat template around part of it).
 
-The integer sums do not depend on which other rows share a call, so a token computes the same
-whether its prompt was cut into one chunk or ten, and a decode the same in any batch (the
-weight-only formats change kernel with the row count). Accuracy against float32 is measured
+The integer sums do not depend on which other rows share a call, so a linear computes a row
+the same in any batch (the weight-only formats change kernel with the row count). Attention's
+float sums still change in their last bits with how a prompt is cut into chunks, and rounding
+to 8 bits can turn such a change into a step of an int8 value: a prompt computed in other
+chunks (after a prefix hit) gives a first token a KL of ~0.01 away, where float32 weights
+stay below 1e-5 (bench/README.md). Accuracy against float32 is measured
 in bench/README.md (perplexity, greedy agreement, docfaq F1); the kernel is
 csrc/i8gemm.cpp.
 """

@@ -163,6 +163,30 @@ def test_recomputing_everything_is_full_prefill():
         engine.close()
 
 
+def test_the_last_passages_are_computed_in_place_and_all_of_them_is_full_prefill():
+    """recompute_last: the passages nearest the question are computed whole even when
+    cached (the others still copied in); with as many as the prompt has, nothing is copied
+    and the answer is full prefill's."""
+    engine = make(recompute_last=1)
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))  # fills the cache
+        _, usage = run(engine, prompt([1, 2, 0], "blend"), n=16)
+        reused = len(PASSAGES[1]) + len(PASSAGES[2])  # passage 0 is last: computed
+        assert usage.reused_prompt_tokens + usage.recomputed_prompt_tokens == reused
+        assert engine.metrics().passages.entries == 3
+    finally:
+        engine.close()
+    engine = make(recompute_last=3)
+    try:
+        run(engine, prompt([0, 1, 2], "blend"))
+        blended, usage = run(engine, prompt([2, 0, 1], "blend"), n=16)
+        assert usage.reused_prompt_tokens == usage.recomputed_prompt_tokens == 0
+        exact, _ = run(engine, prompt([2, 0, 1], "off"), n=16)
+        assert blended == exact
+    finally:
+        engine.close()
+
+
 def test_prefix_mode_reuses_no_passage():
     engine = make()
     try:
