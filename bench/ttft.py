@@ -292,26 +292,30 @@ def fidelity(services: Any, n_questions: int, sweep_n: int, new_tokens: int) -> 
                 part.append(_row(reuse, full, div, item.answer))
             engine.passages.dtype = old_dtype
             summary = _summary(part)
-            label = {"first": f"first {int(amount)}", "deviation": f"deviation {amount:.0%}",
-                     "last": f"first {default_first}, last {int(amount)} whole"}[how]  # fmt: skip
-            if how == "first" and amount >= 100_000:
-                label = "all"
+            label = "all" if how == "first" and amount >= 100_000 else recompute_label(
+                engine.scheduler.config)  # fmt: skip
             summary.update(label=label, stored=stored or str(old_dtype).removeprefix("torch."))
             sweep.append(summary)
             print(f"  sweep {label} ({summary['stored']}): identical {summary['same']:.3f}, "
                   f"KL {summary['kl_mean']:.4f}", flush=True)  # fmt: skip
         engine.scheduler.config = cfg
         engine.passages.clear()
-        label = (f"first {cfg.recompute_first}" if cfg.recompute == "first"
-                 else f"deviation {cfg.recompute_ratio:.0%}")  # fmt: skip
-        if cfg.recompute_last:
-            label += f", last {cfg.recompute_last} whole"
-        return {"base": base, "sweep": sweep, "n": len(qa), "sweep_n": sweep_n, "label": label}
+        return {"base": base, "sweep": sweep, "n": len(qa), "sweep_n": sweep_n,
+                "label": recompute_label(cfg)}  # fmt: skip
 
     try:
         return asyncio.run(main())
     finally:
         engine.runner.sampler = capture.inner
+
+
+def recompute_label(cfg: Any) -> str:
+    """What a scheduler config recomputes of reused passages, as the tables name it."""
+    label = (f"first {cfg.recompute_first}" if cfg.recompute == "first"
+             else f"deviation {cfg.recompute_ratio:.0%}")  # fmt: skip
+    if cfg.recompute_last:
+        label += f", last {cfg.recompute_last} whole"
+    return label
 
 
 SWEEP = os.environ.get("TTFT_SWEEP")  # e.g. "first:8,deviation:0.15,last:1": only these
