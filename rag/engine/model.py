@@ -9,13 +9,13 @@ contiguous chunks); a token's slot is block_id * block_size + offset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from rag.engine.kernels import PagedDecode
 from rag.engine.model_config import ModelConfig
@@ -50,6 +50,22 @@ class AttentionMetadata:
     # each decode's context length, [B] long. None: the torch path below.
     decode_kernel: PagedDecode | None = None
     decode_context_lens: torch.Tensor | None = None
+    # The runs' lower-right causal masks, built by the first layer that needs one and read by
+    # the others (keyed by (run length, end)).
+    run_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def run_mask(self, n: int, end: int, device: torch.device) -> torch.Tensor | CausalBias:
+        """The mask of a run of `n` queries ending at position `end`: each sees every position
+        before its own. On CUDA the flash kernel takes it as a bias with no tensor; on CPU
+        torch would build the same [n, end] tensor in every layer's call, so it is built once
+        a step here (the same attention, bit for bit: tests/engine/test_model.py)."""
+        if device.type == "cuda" or n == end:
+            return causal_lower_right(n, end)
+        mask = self.run_masks.get((n, end))
+        if mask is None:
+            mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(end - n)
+            self.run_masks[(n, end)] = mask
+        return mask
 
 
 class RMSNorm(nn.Module):
@@ -135,7 +151,7 @@ class Attention(nn.Module):
             for offset, n, end in runs:
                 op = F.scaled_dot_product_attention(
                     qp[:, :, offset : offset + n], kp[:, :, :end], vp[:, :, :end],
-                    attn_mask=causal_lower_right(n, end), scale=self.scale, enable_gqa=True,
+                    attn_mask=meta.run_mask(n, end, q.device), scale=self.scale, enable_gqa=True,
                 )  # fmt: skip
                 out[q_start + offset : q_start + offset + n] = op[0].transpose(0, 1)
         return self.o_proj(out.view(t, h * d))  # [T, E]

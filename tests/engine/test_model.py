@@ -291,3 +291,31 @@ def test_sparse_prefill_runs_attend_as_the_explicit_causal_mask():
     by_runs = run(prefill_runs=[position_runs(positions)])
     by_mask = run(prefill_biases=[mask])
     torch.testing.assert_close(by_runs, by_mask, rtol=1e-5, atol=1e-5)
+
+
+def test_a_runs_mask_is_built_once_a_step_and_attends_as_torchs_causal_bias():
+    """On CPU the runs' lower-right causal masks are built once a step and shared by every
+    layer; attention with them equals attention with torch's own CausalBias bit for bit."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import CausalBias, causal_lower_right
+
+    from rag.engine.model import AttentionMetadata
+
+    meta = AttentionMetadata(
+        kv_rows=torch.zeros(0, dtype=torch.long), num_decodes=0, decode_block_tables=None,
+        decode_bias=None, prefills=[],
+    )  # fmt: skip
+    first = meta.run_mask(4, 13, torch.device("cpu"))
+    assert meta.run_mask(4, 13, torch.device("cpu")) is first  # the next layer's call
+    assert not isinstance(first, CausalBias) and first.shape == (4, 13)
+    assert isinstance(meta.run_mask(3, 3, torch.device("cpu")), CausalBias)  # plain causal
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 6, 4, 8, generator=gen)
+    k, v = torch.randn(1, 2, 13, 8, generator=gen), torch.randn(1, 2, 13, 8, generator=gen)
+    ours = F.scaled_dot_product_attention(q, k, v, attn_mask=first, enable_gqa=True)
+    torchs = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_lower_right(4, 13), enable_gqa=True
+    )
+    assert torch.equal(ours, torchs)
+    # The query at offset i sees positions up to 13 - 4 + i, and none after.
+    assert first.sum(dim=1).tolist() == [10, 11, 12, 13]
