@@ -23,6 +23,10 @@
 
 Ends with FIGURE lines: ttft_p50_seen_ms, ttft_p50_vs_prefix, ttft_cold_vs_prefix,
 answers_per_s_vs_prefix, greedy_match_vs_full, first_token_kl, answer_f1_delta.
+
+    python bench/ttft.py --teams 40   # in process: a fully cached prompt's first token and
+                                      # its decode rate with and without another thread's
+                                      # torch team (rag.torch_threads), alternating
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ class Run:
     text: str = ""
     usage: Any = None
     ttft_ms: float = 0.0
+    total_ms: float = 0.0
 
 
 async def generate(engine: Any, prompt: Any, rid: str, n: int, salt: str) -> Run:
@@ -205,6 +210,7 @@ async def generate(engine: Any, prompt: Any, rid: str, n: int, salt: str) -> Run
         run.text += ev.text
         if ev.finish_reason is not None:
             run.usage = ev.usage
+    run.total_ms = (time.perf_counter() - t0) * 1000
     return run
 
 
@@ -484,6 +490,84 @@ def slots(services: Any, n_questions: int) -> dict[str, list[float]]:
 
 
 @contextlib.contextmanager
+def lingering_team() -> Iterator[None]:
+    """Another thread of the process holding a torch team of its own while the engine steps,
+    as the model loading on the main thread and the ingest worker's batches left one before
+    rag.torch_threads (the thread waits, its team's worker asleep)."""
+    import torch
+
+    release = threading.Event()
+
+    def hold() -> None:
+        torch.ones(1 << 22).add_(1)  # a parallel kernel: the thread makes its team
+        release.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def teams(services: Any, n_questions: int) -> dict[str, tuple[list[float], list[float]]]:
+    """A fully cached blend prompt's first token (in process, ms) and the decode rate of its
+    answer (tokens/s after the first, greedy, up to 64 tokens), with and without another
+    thread's lasting torch team, alternating per question (each ask its own salt, so that
+    nothing but its passages is cached)."""
+    from rag.answer import prompt as prompts
+
+    engine = services.engine
+    faq = DocFaq()
+    out: dict[str, tuple[list[float], list[float]]] = {"alone": ([], []),
+                                                          "lingering team": ([], [])}  # fmt: skip
+
+    async def main() -> None:
+        for i, item in enumerate(faq.qa[:n_questions]):
+            passages = faq.retrieve(services.embedder, item.question, k=5)
+            order = list(out) if i % 2 == 0 else list(out)[::-1]
+            for case in order:
+                tag = f"teams-{i}-{case}"
+                built = prompts.build(item.question, passages, max_tokens=64, salt=tag,
+                                      context_tokens=engine.context_tokens,
+                                      count=engine.count_tokens)  # fmt: skip
+                for one in passages[: built.given]:
+                    alone = prompts.segmented("", [one], salt=tag, kv_reuse="blend")
+                    await generate(engine, alone, f"{tag}-{one.chunk_id}", 1, tag)
+                with lingering_team() if case != "alone" else contextlib.nullcontext():
+                    run = await generate(engine, built.prompt, tag, 64, tag)
+                out[case][0].append(run.ttft_ms)
+                if len(run.tokens) > 1:
+                    rate = (len(run.tokens) - 1) / (run.total_ms - run.ttft_ms) * 1000
+                    out[case][1].append(rate)
+
+    asyncio.run(main())
+    return out
+
+
+def teams_only(n: int) -> int:
+    with in_process() as services:
+        ms = teams(services, n)
+    print(f"\n## A fully cached prompt's first token, in process ({n} docfaq questions)\n")
+    print("| another thread's torch team | first token median ms | p90 ms | decode tokens/s "
+          "(median) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for label, (firsts, rates) in ms.items():
+        team = "none" if label == "alone" else "lingering"
+        print(f"| {team} | {statistics.median(firsts):.0f} | {pct(firsts, 90):.0f} | "
+              f"{statistics.median(rates):.1f} |")  # fmt: skip
+    alone, lingering = ms["alone"], ms["lingering team"]
+    slowdown = statistics.median(lingering[0]) / statistics.median(alone[0])
+    decode = statistics.median(alone[1]) / statistics.median(lingering[1])
+    print()
+    print(f"FIGURE cached_first_token_ms {statistics.median(alone[0]):.1f}")
+    print(f"FIGURE lingering_team_slowdown {slowdown:.3f}")
+    print(f"FIGURE decode_speedup_without_team {decode:.3f}")
+    return 0
+
+
+@contextlib.contextmanager
 def in_process() -> Iterator[Any]:
     """The service's components in this process, over a throwaway data directory."""
     from rag.services import build_services
@@ -540,6 +624,9 @@ def main() -> int:
                     help="only part 3 (in process, no server): for iterating on reuse")  # fmt: skip
     ap.add_argument("--slots", type=int, metavar="N",
                     help="only the KL of reuse by passage slot, over N QA pairs")  # fmt: skip
+    ap.add_argument("--teams", type=int, metavar="N",
+                    help="only a cached prompt's first token with and without another "
+                         "thread's torch team, over N QA pairs")  # fmt: skip
     ap.add_argument(
         "--max-tokens",
         type=int,
@@ -556,6 +643,8 @@ def main() -> int:
 
     if args.slots:
         return slots_only(args.slots)
+    if args.teams:
+        return teams_only(args.teams)
     if args.fidelity_only:
         return fidelity_only(n_fid, min(n_sweep, n_fid))
     docs = load_docs(n_docs)

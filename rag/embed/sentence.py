@@ -1,6 +1,6 @@
-"""all-MiniLM-L6-v2 (or any sentence-transformers folder): batches of documents on the
-caller's thread (float32, torch), search queries on the query lane through ONNX Runtime (int8
-by default: rag.embed.onnx.AUTO_FORMAT)."""
+"""all-MiniLM-L6-v2 (or any sentence-transformers folder): batches of documents in a thread
+of their own (float32, torch; rag.torch_threads), search queries on the query lane through ONNX
+Runtime (int8 by default: rag.embed.onnx.AUTO_FORMAT)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy.typing as npt
 from rag.embed.base import Span
 from rag.embed.lane import QueryLane, in_turns
 from rag.embed.onnx import AUTO_FORMAT, OnnxQueryEncoder
+from rag.torch_threads import in_passing_thread
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,12 @@ class SentenceTransformerEmbedder:
 
         path = model_path or bundled_minilm_path()
         self.device = pick_device(device)
-        # Weights ship inside a package (or a folder): never reach for a hub.
-        self._model = SentenceTransformer(path, device=self.device, local_files_only=True)
+        # Weights ship inside a package (or a folder): never reach for a hub. Loaded in a
+        # thread of its own, whose torch team ends with the load (rag.torch_threads).
+        self._model = in_passing_thread(
+            lambda: SentenceTransformer(path, device=self.device, local_files_only=True),
+            "embedder-load",
+        )
         self._tokenizer = self._model.tokenizer
         self._lock = threading.Lock()
         self.batch_size = batch_size
@@ -93,12 +98,13 @@ class SentenceTransformerEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._lane is not None and len(texts) <= self.QUERY_MAX:
             return self._lane.embed(list(texts))
-        with self._lock:  # ingest batches: one at a time, on the caller's thread
-            if self._lane is not None and self.query_priority:
-                return in_turns(
-                    list(texts), self._encode, self.batch_size, self._lane, self.ingest_yield_s
-                )
-            return self._encode(list(texts))
+        with self._lock:  # ingest batches: one at a time, in a thread of their own
+            lane = self._lane if self.query_priority else None
+            if lane is not None:
+                return in_passing_thread(lambda: in_turns(
+                    list(texts), self._encode, self.batch_size, lane, self.ingest_yield_s
+                ), "embed-batch")  # fmt: skip
+            return in_passing_thread(lambda: self._encode(list(texts)), "embed-batch")
 
     def _encode_query(self, texts: list[str]) -> npt.NDArray[np.float32]:
         """On the lane's thread only."""

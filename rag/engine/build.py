@@ -17,6 +17,7 @@ from rag.engine.protocol import GenerationBackend, Tokenizer
 from rag.engine.scheduler import SchedulerConfig
 from rag.engine.spec import SpecConfig
 from rag.engine.tokenizer import HFTokenizer
+from rag.torch_threads import in_passing_thread
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,13 @@ def resolve_weights(name: str, device: torch.device, kernels: Any | None) -> Wei
 
 
 def build_local_engine(settings: EngineSettings) -> Engine:
-    """Load the configured model and assemble an engine around it."""
+    """Load the configured model and assemble an engine around it, in a thread of its own:
+    the load's torch team must not outlive it, or it would slow every step of the engine's
+    thread (rag.torch_threads)."""
+    return in_passing_thread(lambda: _load(settings), "engine-build")
+
+
+def _load(settings: EngineSettings) -> Engine:
     import torch
 
     from rag.engine.kernels import kernels

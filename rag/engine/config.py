@@ -78,8 +78,8 @@ class EngineSettings(BaseModel):
         default="prefix",
         description="How grounded answers reuse prompt KV when neither the request nor the "
         "collection says: blend = each passage's cached KV at its new position (the passage "
-        "cache: first token ~0.35x of prefix's, answers not token-identical to full prefill, "
-        "docfaq token F1 0.143 vs 0.165, bench/README.md), prefix = only an identical prompt "
+        "cache: first token ~0.4x of prefix's, answers not token-identical to full prefill, "
+        "docfaq token F1 0.150 vs 0.167, bench/README.md), prefix = only an identical prompt "
         "prefix (exact), off = compute every prompt whole. Prefix until blend's fidelity "
         "meets the bar (F1 within 0.01 of full prefill).",
     )

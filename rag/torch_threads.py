@@ -1,0 +1,40 @@
+"""Torch work that is not the engine's runs in a thread that ends with it.
+
+torch runs its CPU kernels on an OpenMP team of the calling thread, and the team lives as long
+as that thread. libgomp throttles every team of the process once it holds more OpenMP threads
+than there are CPUs: between two kernels a worker no longer spins but sleeps, and each kernel
+then pays a wake-up (~40 us on the 2-core machines of bench/README.md, where the kernels of a
+~100-token prefill chunk take 5-30 us each). A model loaded on the main thread, or an ingest
+batch embedded on a worker's thread, left a team behind that slowed every later step of the
+engine, whose thread keeps the one team that should last: a fully cached prompt's first token
+took 1.5x as long (`bench/ttft.py --teams`). So the one-off torch work of a service (loading
+the embedder and the generator, embedding ingest batches) goes through `in_passing_thread`,
+and its team goes with the thread. The query lane (rag.embed.lane) keeps a one-thread team,
+which has no workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def in_passing_thread(fn: Callable[[], T], name: str = "torch-work") -> T:
+    """`fn()` in a new thread, waited for: its result, or its exception raised here."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the caller, who decides
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]  # type: ignore[no-any-return]
