@@ -24,6 +24,9 @@ FORMATS = ("float32", "int8")
 # bfloat16, int8 from NNCF) was measured too and was slower than ONNX Runtime int8 here.
 AUTO_FORMAT = "int8"
 
+# ONNX Runtime's session option that lets its workers spin between runs ("0": they sleep).
+SPINNING = "session.intra_op.allow_spinning"
+
 # torch's exporter keeps its state in module globals: two exports at once (the lane building
 # its encoder while a benchmark builds another) fail with "in_onnx_export must be False".
 _EXPORTING = threading.Lock()
@@ -52,7 +55,9 @@ class OnnxQueryEncoder:
         self._inputs = [i.name for i in session.get_inputs()]
 
     @classmethod
-    def build(cls, model: Any, threads: int, fmt: str = "float32") -> OnnxQueryEncoder | None:
+    def build(
+        cls, model: Any, threads: int, fmt: str = "float32", spinning: bool = False
+    ) -> OnnxQueryEncoder | None:
         import onnxruntime as ort
 
         names = [type(m).__name__ for m in model]
@@ -70,6 +75,11 @@ class OnnxQueryEncoder:
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+            # ONNX Runtime's workers spin after each run, waiting for the next: after a query
+            # one kept a core busy for ~40 ms, the start of the prefill that follows it (the
+            # engine's step wants both cores). Asleep instead, a query takes no longer.
+            # (`spinning`: runtime's default, for benchmarks that compare.)
+            options.add_session_config_entry(SPINNING, "1" if spinning else "0")
             session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
             used_fused = False
             if fused is not None:

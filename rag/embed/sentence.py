@@ -115,10 +115,15 @@ class SentenceTransformerEmbedder:
             return self._onnx(texts)
         return self._encode(texts)
 
-    def query_encoder(self, fmt: str, threads: int) -> OnnxQueryEncoder | None:
+    def query_encoder(
+        self, fmt: str, threads: int, spinning: bool = False
+    ) -> OnnxQueryEncoder | None:
         """A new ONNX Runtime encoder of this model in `fmt` (for benchmarks that compare
-        formats side by side); None when the model has no ONNX path."""
-        return OnnxQueryEncoder.build(self._model, threads, fmt)
+        formats, or spinning workers, side by side); None when the model has no ONNX path.
+        Exported in a thread of its own, whose torch team ends with it (rag.torch_threads)."""
+        return in_passing_thread(
+            lambda: OnnxQueryEncoder.build(self._model, threads, fmt, spinning), "onnx-export"
+        )
 
     @property
     def query_format_used(self) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from rag.config import EmbedSettings
 from rag.embed import SentenceTransformerEmbedder, build_embedder
-from rag.embed.onnx import AUTO_FORMAT, OnnxQueryEncoder
+from rag.embed.onnx import AUTO_FORMAT, SPINNING, OnnxQueryEncoder
 
 TEXTS = [
     "what is a closure in perl",
@@ -47,6 +47,17 @@ def test_int8_vectors_are_close_to_float32(
     # A query's int8 vector does not depend on the queries it is batched with.
     alone = np.vstack([int8([t]) for t in TEXTS])
     np.testing.assert_array_equal(alone, a)
+
+
+def test_the_query_encoders_workers_sleep_between_queries(
+    minilm: SentenceTransformerEmbedder, int8: OnnxQueryEncoder
+) -> None:
+    """Spinning, they kept a core busy after each query, when the engine's prefill starts."""
+    f32 = minilm.query_encoder("float32", threads=2)
+    assert f32 is not None
+    for encoder in (int8, f32):
+        options = encoder._session.get_session_options()
+        assert options.get_session_config_entry(SPINNING) == "0"
 
 
 def test_the_format_comes_from_settings(minilm: SentenceTransformerEmbedder) -> None:
