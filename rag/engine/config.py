@@ -78,7 +78,7 @@ class EngineSettings(BaseModel):
         default="prefix",
         description="How grounded answers reuse prompt KV when neither the request nor the "
         "collection says: blend = each passage's cached KV at its new position (the passage "
-        "cache: first token ~0.4x of prefix's, answers not token-identical to full prefill, "
+        "cache: first token 0.34-0.41x of prefix's, answers not token-identical to full prefill, "
         "docfaq token F1 0.150 vs 0.167, bench/README.md), prefix = only an identical prompt "
         "prefix (exact), off = compute every prompt whole. Prefix until blend's fidelity "
         "meets the bar (F1 within 0.01 of full prefill).",
