@@ -7,10 +7,10 @@ then pays a wake-up (~40 us on the 2-core machines of bench/README.md, where the
 ~100-token prefill chunk take 5-30 us each). A model loaded on the main thread, or an ingest
 batch embedded on a worker's thread, left a team behind that slowed every later step of the
 engine, whose thread keeps the one team that should last: a fully cached prompt's first token
-took 1.4-1.5x as long (`bench/ttft.py --contention`). So the one-off torch work of a service (loading
-the embedder and the generator, embedding ingest batches) goes through `in_passing_thread`,
-and its team goes with the thread. The query lane (rag.embed.lane) keeps a one-thread team,
-which has no workers.
+took 1.4-1.5x as long (`bench/ttft.py --contention`). So the one-off torch work of a service
+(loading the embedder and the generator, embedding ingest batches) goes through
+`in_passing_thread`, and its team goes with the thread. The query lane (rag.embed.lane) keeps
+a one-thread team, which has no workers.
 """
 
 from __future__ import annotations
