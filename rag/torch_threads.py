@@ -15,26 +15,15 @@ a one-thread team, which has no workers.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 T = TypeVar("T")
 
 
 def in_passing_thread(fn: Callable[[], T], name: str = "torch-work") -> T:
-    """`fn()` in a new thread, waited for: its result, or its exception raised here."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # handed to the caller, who decides
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]  # type: ignore[no-any-return]
+    """`fn()` in a new thread, waited for until the thread has ended: its result, or its
+    exception raised here."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as pool:
+        return pool.submit(fn).result()

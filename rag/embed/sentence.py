@@ -98,13 +98,15 @@ class SentenceTransformerEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._lane is not None and len(texts) <= self.QUERY_MAX:
             return self._lane.embed(list(texts))
+        batch, lane = list(texts), self._lane if self.query_priority else None
+
+        def encode() -> npt.NDArray[np.float32]:
+            if lane is None:
+                return self._encode(batch)
+            return in_turns(batch, self._encode, self.batch_size, lane, self.ingest_yield_s)
+
         with self._lock:  # ingest batches: one at a time, in a thread of their own
-            lane = self._lane if self.query_priority else None
-            if lane is not None:
-                return in_passing_thread(lambda: in_turns(
-                    list(texts), self._encode, self.batch_size, lane, self.ingest_yield_s
-                ), "embed-batch")  # fmt: skip
-            return in_passing_thread(lambda: self._encode(list(texts)), "embed-batch")
+            return in_passing_thread(encode, "embed-batch")
 
     def _encode_query(self, texts: list[str]) -> npt.NDArray[np.float32]:
         """On the lane's thread only."""
