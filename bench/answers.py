@@ -1,596 +1,445 @@
-"""Answer quality: what a user sees from the bundled 135M model, today's behaviour against
-the new defaults, in the same run.
+"""Factual answers as a user sees them: `rag serve` with default settings, asked over HTTP one
+question at a time, scored against what each question's document states.
 
-    python bench/answers.py            # 48 docfaq questions a half, 2,000 wiki_vital docs
-    python bench/answers.py --quick    # fewer questions, 500 documents (< 15 min, 2 cores)
+    python bench/answers.py            # every question of both sets, both halves
+    python bench/answers.py --quick    # a third of each set's questions (~10 min, 2 cores)
 
-Three question sets, made here with a fixed seed:
+The question sets (bench/qa, checked by bench/qa/check_sets.py and check_company.py):
 
-- docfaq (../shared/data/docfaq): the FAQ questions with the FAQ's own answer as reference,
-  retrieved by exact inner product over the precomputed corpus vectors (bench/_docfaq.py);
-  citation relevance from qrels.tsv. Settings were chosen on the even-numbered questions
-  (their index in qa.jsonl); both halves are reported.
-- wiki_vital: three questions per passage from its title by templates ("What is <title>?")
-  with the passage's description as the reference, over a collection of N summaries
-  (embedded here, exact inner product); gold = that passage.
-- unanswerable: the same templates about made-up entities (names checked absent from every
-  wiki_vital passage and title), over the same collection.
+- wiki: factual questions over ~3,000 wiki_vital summaries (../shared/data) in which
+  near-neighbours compete (novels with novels, painters with painters), with the answers of
+  the near-neighbours' facts as "wrong" strings, and unanswerable questions about the same
+  entities or about entities not in the collection;
+- company: questions over four documents of a made-up company (a PDF handbook, a DOCX guide
+  with tables, an HTML page, a markdown FAQ; bench/qa/company/make_docs.py) full of
+  near-duplicate facts (limits by city and plan, periods by tenure, close versions).
 
-Each question goes through the service's own answer path (rag.answer: `ask.answer_from` with
-the passages retrieved, then `generate.stream` to the Final) on the real engine in process.
-"today" is the behaviour before issue 15 (AskSettings.legacy(): the old prompt, no penalties,
-no citation mask, whole-answer attribution, no evidence check); "new" is AskSettings().
+Each set is split into halves a and b: settings were chosen on a; both are reported.
 
-Ends with FIGURE lines: loop_rate, echo_rate, citation_precision, answer_f1_gain, refusal_rate,
-false_refusal_rate (the new defaults; the gain is new / today on docfaq and wiki_vital).
+An answer is correct when an accepted string stands, as a whole word, in its first two
+sentences and no near-duplicate's answer does; cited when the gold document is among its
+citations (citation precision: the share of its citations that are the gold document). An
+unanswerable question is refused when answer_source is "refused". Loops: finish reason
+`repetition`; echoes: sentences repeating the system instruction.
+
+The default and the extractive mode run on the same server, one after the other. First token:
+the first `token` event after the request left; "seen" when the passage the answer was given
+had been given to an earlier question of the run, "unseen" otherwise. `generated`: when the
+generated sentence arrived (evidence "one": after the quote), for answers that have one.
+
+Ends with FIGURE lines: factual_correct, factual_cited, citation_precision, refusal_rate,
+false_refusal_rate, loops, echoes, correct_vs_extractive (the default minus extractive, the
+lowest over the sets), ttft_p50_unseen_ms, ttft_p50_seen_ms.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import random
+import os
 import re
-import statistics
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 from _data import shared  # noqa: E402
-from _docfaq import DocFaq, Passage, exact_top, normalise  # noqa: E402
+from _sse import events  # noqa: E402
+from sentencex import segment  # noqa: E402
 
-from rag.ops.eval import overlap  # noqa: E402
-
-SEED = 15
-TEMPLATES = (
-    "What is {title}?",
-    "What kind of thing is {title}?",
-    "Describe {title} in a few words.",
-)
+ADMIN = "bench-answers-admin-key-0123456789"
+CONFIGS = {"default": {}, "extractive": {"mode": "extractive"}}
 
 
 @dataclass(frozen=True)
 class Question:
-    set: str  # docfaq | wiki_vital | unanswerable
+    set: str
     qid: str
     question: str
-    reference: str  # "" for unanswerable
-    relevant: frozenset[int]  # chunk ids that answer it (qrels / the gold passage)
-    half: str = ""  # docfaq: even | odd
+    answers: tuple[str, ...]
+    wrong: tuple[str, ...]
+    gold: str | None  # the gold document's file name
+    paraphrased: bool
+    half: str
 
-
-# ---------------------------------------------------------------- the question sets
-
-
-def docfaq_questions(df: DocFaq, per_half: int | None, rng: random.Random) -> list[Question]:
-    row = {cid: i for i, cid in enumerate(df.ids)}
-    qrels: dict[str, set[int]] = {}
-    with shared("docfaq", "qrels.tsv").open() as f:
-        next(f)
-        for line in f:
-            qid, cid, score = line.rstrip("\n").split("\t")
-            if int(score) > 0 and cid in row:
-                qrels.setdefault(qid, set()).add(row[cid])
-    out = []
-    for half, parity in (("even", 0), ("odd", 1)):
-        pool = [(i, qa) for i, qa in enumerate(df.qa) if i % 2 == parity and qa.qid in qrels]
-        if per_half is not None and per_half < len(pool):
-            pool = sorted(rng.sample(pool, per_half))
-        out += [
-            Question("docfaq", qa.qid, qa.question, qa.answer, frozenset(qrels[qa.qid]), half)
-            for _, qa in pool
-        ]
-    return out
-
-
-def wiki_rows(n: int) -> list[dict[str, str]]:
-    rows = [json.loads(line) for line in shared("wiki_vital", "passages.jsonl").open()]
-    return random.Random(SEED).sample(rows, n)
-
-
-def wiki_questions(rows: list[dict[str, str]], n: int, rng: random.Random) -> list[Question]:
-    picked = rng.sample(range(len(rows)), n)
-    return [
-        Question(
-            "wiki_vital",
-            f"{rows[i]['_id']}-{t}",
-            template.format(title=rows[i]["title"]),
-            rows[i]["description"],
-            frozenset({i}),
-        )  # fmt: skip
-        for i in sorted(picked)
-        for t, template in enumerate(TEMPLATES)
-    ]
-
-
-_SYLLABLES = [a + b for a in "bdfgklmnprstvz" for b in ("a", "e", "i", "o", "u", "ae", "ou")]
-_ENDINGS = ("", "n", "r", "th", "x", "sk", "nd", "l")
-
-
-def made_up_names(vocabulary: set[str], n: int, rng: random.Random) -> list[str]:
-    """Names of pseudo-words absent from `vocabulary` (every word of the corpus, also inside
-    a longer word); half are two made-up words, half a kind of thing of a made-up place."""
-
-    def word(syllables: int) -> str:
-        while True:
-            w = "".join(rng.choice(_SYLLABLES) for _ in range(syllables)) + rng.choice(_ENDINGS)
-            if not any(w in v for v in vocabulary if len(v) >= len(w)):
-                return w.capitalize()
-
-    names: list[str] = []
-    while len(names) < n:
-        if len(names) % 2 == 0:
-            names.append(f"{word(rng.choice((2, 3)))} {word(2)}")
-        else:
-            names.append(f"{rng.choice(_KINDS)} of {word(rng.choice((2, 3)))}")
-    return names
-
-
-_KINDS = ("The capital", "The Treaty", "The University", "The flag", "The national dish",
-          "The first president", "The warranty of the", "The river")  # fmt: skip
-
-
-def unanswerable_questions(n: int, rng: random.Random) -> list[Question]:
-    """Questions about made-up entities: no word of their names is a word of any wiki_vital
-    passage or title (all 10,033, not only the collection's), nor inside one."""
-    every = [json.loads(line) for line in shared("wiki_vital", "passages.jsonl").open()]
-    vocabulary = {w for r in every for w in _WORD.findall(f"{r['title']} {r['text']}".lower())}
-    out = []
-    for i, name in enumerate(made_up_names(vocabulary, n, rng)):
-        template = TEMPLATES[i % len(TEMPLATES)]
-        out.append(Question("unanswerable", f"made-up-{i}", template.format(title=name), "",
-                            frozenset()))  # fmt: skip
-    return out
-
-
-_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
-
-
-class WikiCollection:
-    """N wiki_vital summaries, embedded once (documents: the passage text), searched by exact
-    inner product like DocFaq."""
-
-    def __init__(self, embedder: Any, rows: list[dict[str, str]]) -> None:
-        self.rows = rows
-        texts = [r["text"] for r in rows]
-        self.vectors: npt.NDArray[np.float32] = np.asarray(embedder.embed(texts), np.float32)
-
-    def retrieve(self, embedder: Any, question: str, k: int = 5) -> list[Passage]:
-        return exact_top(self.vectors, self.rows, embedder, question, k, suffix=".txt")
-
-
-# ---------------------------------------------------------------- answering
+    @property
+    def answerable(self) -> bool:
+        return bool(self.answers)
 
 
 @dataclass
 class Outcome:
     q: Question
     config: str
-    answer: str
-    finish: str
-    given: list[int]  # chunk ids given, [1] first
-    retrieved: list[int]  # chunk ids retrieved and relevant: given unless refused first
-    cited: list[int]  # chunk ids cited
-    markers: list[int]  # the numbers the answer wrote
-    unsupported: int = 0  # sentences the service reported unsupported
-    echoed: int = 0  # sentences the service reported echoed
-    tokens: int = 0
-    seconds: float = 0.0
-    quotes: list[tuple[int, int, str]] = field(default_factory=list)  # chunk, start, text
-
-    @property
-    def gold_given(self) -> bool:
-        """The question counts as answerable: its gold passage is among those retrieved."""
-        return bool(self.q.relevant & set(self.given or self.retrieved))
+    answer: str = ""
+    source: str = ""
+    finish: str = ""
+    cited_files: list[str] = field(default_factory=list)
+    given_chunks: list[int] = field(default_factory=list)
+    ttft_ms: float = float("nan")
+    generated_ms: float | None = None
+    seen: bool = False
+    echoed: bool = False
+    error: str = ""
 
 
-def service_passages(found: Sequence[Passage]) -> list[Any]:
-    """The bench's retrieved passages as the service's (document: the passage itself)."""
-    from rag.retrieve import Passage as Retrieved
-
-    return [
-        Retrieved(
-            p.chunk_id,
-            f"doc-{p.chunk_id}",
-            p.filename,
-            0,
-            p.text,
-            0,
-            len(p.text),
-            p.score,
-            p.dense_score,
-            None,
-            {},
-        )  # fmt: skip
-        for p in found
-    ]
+# ---------------------------------------------------------------- the sets
 
 
-async def answer_one(
-    engine: Any, settings: Any, config: str, q: Question, found: Sequence[Passage],
-    mode: str, max_tokens: int, kv_reuse: str,
-) -> Outcome:  # fmt: skip
-    """One question through the service's answer path (rag.answer), over `found`."""
-    from rag.answer import Final
-    from rag.answer.ask import AskRequest, answer_from
-    from rag.answer.cite import markers
-    from rag.answer.generate import stream
-    from rag.engine.sequence import SamplingParams
+def load_questions(path: Path, set_name: str, gold_file: dict[str, str] | None) -> list[Question]:
+    out = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        gold = d.get("gold")
+        if gold is not None and gold_file is not None:
+            gold = gold_file[gold]
+        out.append(Question(set_name, d["id"], d["question"], tuple(d["answers"]),
+                            tuple(d["wrong"]), gold, bool(d.get("paraphrased")),
+                            d["half"]))  # fmt: skip
+    return out
 
-    passages = service_passages(found)
-    relevant = [p for p in passages if p.dense_score >= settings.relevance_threshold]
+
+def wiki_docs() -> list[dict[str, str]]:
+    ids = set((HERE / "qa" / "wiki_collection.txt").read_text().split())
+    docs = []
+    with shared("wiki_vital", "passages.jsonl").open() as f:
+        for line in f:
+            d = json.loads(line)
+            if d["_id"] in ids:
+                docs.append(d)
+    return docs
+
+
+def wiki_filename(d: dict[str, str]) -> str:
+    return re.sub(r"[^\w\s().,'-]", "_", d["title"])[:180] + ".txt"
+
+
+def thin(questions: list[Question], every: int) -> list[Question]:
+    """Every `every`-th question of each half, answerable and not, in file order."""
+    out = []
+    for half in ("a", "b"):
+        for answerable in (True, False):
+            qs = [q for q in questions if q.half == half and q.answerable == answerable]
+            out += qs[::every]
+    return out
+
+
+# ---------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(RAG_DATA_DIR=str(data_dir), RAG_AUTH__ADMIN_KEY=ADMIN, RAG_API__PORT=str(port),
+               HF_HUB_OFFLINE="1")  # fmt: skip
+    log = (data_dir / "server.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "rag.cli", "serve"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def wait_ready(client: httpx.Client, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise SystemExit("the server exited; see server.log in its data dir")
+        try:
+            r = client.get("/readyz")
+            if r.status_code == 200 and r.json()["checks"]["generator"]["loaded"]:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server did not become ready")
+
+
+def wait_indexed(client: httpx.Client, h: dict[str, str], cid: str, n: int) -> None:
+    while True:
+        counts = client.get(f"/v1/collections/{cid}", headers=h).json()["documents"]
+        if counts.get("indexed", 0) + counts.get("failed", 0) >= n:
+            if counts.get("failed", 0):
+                print(f"  {counts['failed']} documents failed", flush=True)
+            return
+        time.sleep(1)
+
+
+def ingest_wiki(client: httpx.Client, h: dict[str, str], cid: str, docs: list[dict]) -> None:
+    for i in range(0, len(docs), 500):
+        batch = [{"text": d["text"], "filename": wiki_filename(d)} for d in docs[i : i + 500]]
+        client.post(f"/v1/collections/{cid}/documents", json={"documents": batch},
+                    headers=h).raise_for_status()  # fmt: skip
+    wait_indexed(client, h, cid, len(docs))
+
+
+def ingest_company(client: httpx.Client, h: dict[str, str], cid: str, folder: Path) -> None:
+    subprocess.run([sys.executable, str(HERE / "qa" / "company" / "make_docs.py"), str(folder)],
+                   check=True)  # fmt: skip
+    files = sorted(folder.iterdir())
+    handles = [("files", (p.name, p.read_bytes())) for p in files]
+    client.post(f"/v1/collections/{cid}/documents", files=handles,
+                headers=h).raise_for_status()  # fmt: skip
+    wait_indexed(client, h, cid, len(files))
+
+
+# ---------------------------------------------------------------- asking
+
+
+def ask(client: httpx.Client, h: dict[str, str], cid: str, q: Question, config: str,
+        given_before: set[int]) -> Outcome:  # fmt: skip
+    out = Outcome(q, config)
+    body = {"question": q.question, "stream": True, **CONFIGS[config]}
+    tokens = 0
     t0 = time.perf_counter()
-    req = AskRequest(q.question, params=SamplingParams(max_tokens=max_tokens))
-    if not relevant:
-        return Outcome(q, config, "", "no_passages", [], [], [], [])
-    prep = answer_from(engine if mode == "generate" else None, settings, req, relevant,
-                       mode=mode, kv_reuse=kv_reuse)  # type: ignore[arg-type]  # fmt: skip
-    final: Final | None = None
-    async for item in stream(engine, prep, lambda ids: set(ids)):
-        if isinstance(item, Final):
-            final = item
-    assert final is not None
-    given = [p.chunk_id for p in prep.passages]
-    written = [x.marker for x in final.quotes] if final.quotes else markers(final.answer)
-    return Outcome(
-        q, config, final.answer, final.finish_reason, given, [p.chunk_id for p in relevant],
-        [c.chunk_id for c in final.citations], written, len(final.unsupported),
-        len(final.echoed), final.usage.completion_tokens, time.perf_counter() - t0,
-        [(x.chunk_id, x.start_char, x.text) for x in final.quotes],
-    )  # fmt: skip
+    final: dict[str, Any] = {}
+    try:
+        with client.stream("POST", f"/v1/collections/{cid}/ask", json=body, headers=h) as r:
+            if r.status_code != 200:
+                out.error = f"HTTP {r.status_code}"
+                return out
+            for event, data in events(r):
+                if event == "passages":
+                    out.given_chunks = [p["chunk_id"] for p in data["passages"]]
+                elif event == "token":
+                    tokens += 1
+                    now = (time.perf_counter() - t0) * 1000
+                    if tokens == 1:
+                        out.ttft_ms = now
+                    elif tokens == 2:
+                        out.generated_ms = now
+                elif event == "final":
+                    final = data
+    except httpx.HTTPError as exc:
+        out.error = type(exc).__name__
+        return out
+    out.answer = final.get("answer", "")
+    out.source = final.get("answer_source", "")
+    out.finish = final.get("finish_reason", "")
+    out.cited_files = [c["filename"] for c in final.get("citations", [])]
+    out.echoed = bool(final.get("echoed"))
+    out.seen = bool(out.given_chunks) and set(out.given_chunks) <= given_before
+    if out.source != "generated":
+        out.generated_ms = None
+    return out
 
 
-async def answer_all(
-    engine: Any, settings: Any, config: str, items: list[tuple[Question, list[Passage]]],
-    mode: str, max_tokens: int, kv_reuse: str, concurrency: int,
-) -> list[Outcome]:  # fmt: skip
-    gate = asyncio.Semaphore(concurrency)
+# ---------------------------------------------------------------- scoring
 
-    async def one(q: Question, found: list[Passage]) -> Outcome:
-        async with gate:
-            return await answer_one(engine, settings, config, q, found, mode, max_tokens,
-                                    kv_reuse)  # fmt: skip
-
-    return list(await asyncio.gather(*(one(q, found) for q, found in items)))
+_MARKERS = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
 
 
-# ---------------------------------------------------------------- measuring
+def first_sentences(answer: str, n: int = 2) -> str:
+    text = _MARKERS.sub(" ", answer)
+    pieces = [p.strip() for block in text.split("\n") for p in segment("en", block) if p.strip()]
+    return " ".join(pieces[:n])
 
-SOURCES = r"(passages?|documents?|text|context|information provided)"
-REFUSAL = re.compile(
-    rf"\b(i don'?t know|i do not know|i (can ?not|can'?t|am unable to) (answer|find|tell)|"
-    rf"{SOURCES} (do|does|did) not (contain|say|mention|provide|answer|include)|"
-    rf"not (mentioned|provided|stated|found|given|covered) in the {SOURCES}|"
-    rf"no (information|mention) (of|about|on))",
-    re.IGNORECASE,
-)
-_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+
+def stands(phrase: str, text: str) -> bool:
+    words = [re.escape(w) for w in phrase.split()]
+    pattern = r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)"
+    return re.search(pattern, text, re.IGNORECASE) is not None
+
+
+def correct(o: Outcome) -> bool:
+    head = " ".join(first_sentences(o.answer).split())
+    return any(stands(a, head) for a in o.q.answers) and not any(
+        stands(w, head) for w in o.q.wrong
+    )
 
 
 def refused(o: Outcome) -> bool:
-    """The service refused (no evidence, nothing relevant), or the model said it cannot tell."""
-    if o.finish in ("no_evidence", "no_passages"):
-        return True
-    head = " ".join(_SPLIT.split(o.answer.strip())[:2])
-    return REFUSAL.search(head) is not None
+    return o.source == "refused"
 
 
-def answer_sentences(text: str) -> list[list[str]]:
-    return [w for w in (normalise(s) for s in _SPLIT.split(text)) if w]
+def pct(values: Sequence[float], q: float) -> float:
+    xs = sorted(v for v in values if v == v)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def looped(o: Outcome) -> bool:
-    """A sentence of four words or more written twice, or an 8-word run written three times."""
-    seen = Counter(" ".join(s) for s in answer_sentences(o.answer) if len(s) >= 4)
-    if any(n >= 2 for n in seen.values()):
-        return True
-    words = normalise(o.answer)
-    grams = Counter(tuple(words[i : i + 8]) for i in range(len(words) - 7))
-    return any(n >= 3 for n in grams.values())
-
-
-def echoed(o: Outcome, instruction: Sequence[str]) -> bool:
-    """A sentence of the answer that is one of the system instruction's (token F1 >= 0.6),
-    or a run of six words of it."""
-    told = [normalise(s) for s in instruction]
-    runs = {tuple(t[i : i + 6]) for t in told for i in range(len(t) - 5)}
-    words = normalise(o.answer)
-    if any(tuple(words[i : i + 6]) in runs for i in range(len(words) - 5)):
-        return True
-    for s in answer_sentences(o.answer):
-        if len(s) >= 4 and any(len(t) >= 4 and overlap(s, t)[0] >= 0.6 for t in told):
-            return True
-    return False
-
-
-def prf(prediction: str, reference: str) -> tuple[float, float, float]:
-    """Token F1, precision, recall (SQuAD normalisation, markers removed)."""
-    pred, ref = normalise(prediction), normalise(reference)
-    if not pred or not ref:
-        return 0.0, 0.0, 0.0
-    return overlap(pred, ref)
-
-
-def mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
-
-
-def summarise(outcomes: list[Outcome], instruction: Sequence[str]) -> dict[str, float]:
-    answerable = [o for o in outcomes if o.q.set != "unanswerable"]
-    scores = [prf(o.answer, o.q.reference) if not refused(o) else (0.0, 0.0, 0.0)
-              for o in answerable]  # fmt: skip
-    pairs = [(o, c) for o in answerable for c in dict.fromkeys(o.cited)]
-    with_gold = [o for o in answerable if o.gold_given]
-    written = [(o, n) for o in outcomes for n in o.markers]
+def summary(outs: Sequence[Outcome]) -> dict[str, float]:
+    ans = [o for o in outs if o.q.answerable]
+    una = [o for o in outs if not o.q.answerable]
+    cites = [f for o in ans for f in o.cited_files]
+    gold_cites = sum(f == o.q.gold for o in ans for f in o.cited_files)
+    para = [o for o in ans if o.q.paraphrased]
     return {
-        "n": len(outcomes),
-        "f1": mean([s[0] for s in scores]),
-        "precision": mean([s[1] for s in scores]),
-        "recall": mean([s[2] for s in scores]),
-        "cite_precision": mean([float(c in o.q.relevant) for o, c in pairs]),
-        "cite_recall": mean([float(bool(o.q.relevant & set(o.cited))) for o in with_gold]),
-        "cited_answers": mean([float(bool(o.cited)) for o in answerable]),
-        "invalid_markers": float(sum(1 for o, n in written if not 1 <= n <= len(o.given))),
-        "loop": mean([float(looped(o)) for o in outcomes if o.answer]),
-        "echo": mean([float(echoed(o, instruction)) for o in outcomes if o.answer]),
-        "words": mean([len(o.answer.split()) for o in outcomes if not refused(o)]),
-        "refused": mean([float(refused(o)) for o in outcomes]),
-        "false_refusal": mean([float(refused(o)) for o in with_gold]),
-        "gold_given": mean([float(o.gold_given) for o in answerable]),
-        "unsupported": mean([float(o.unsupported > 0) for o in answerable if not refused(o)]),
-        "repetition_stops": mean([float(o.finish == "repetition") for o in outcomes]),
-        "tokens": mean([float(o.tokens) for o in outcomes if o.tokens]),
+        "n": len(ans),
+        "correct": sum(map(correct, ans)) / max(1, len(ans)),
+        "cited": sum(o.q.gold in o.cited_files for o in ans) / max(1, len(ans)),
+        "precision": gold_cites / max(1, len(cites)),
+        "paraphrased": sum(map(correct, para)) / max(1, len(para)),
+        "n_una": len(una),
+        "refused": sum(map(refused, una)) / max(1, len(una)),
+        "false_refusals": sum(map(refused, ans)) / max(1, len(ans)),
+        "generated": sum(o.source == "generated" for o in ans) / max(1, len(ans)),
+        "loops": sum(o.finish == "repetition" for o in outs),
+        "echoes": sum(o.echoed for o in outs),
+        "errors": sum(bool(o.error) for o in outs),
     }
 
 
-# ---------------------------------------------------------------- the run
-
-CONFIGS = ("today", "new", "extractive")
-ROWS = (("docfaq", "even"), ("docfaq", "odd"), ("wiki_vital", ""), ("unanswerable", ""))
-
-
-def settings_of(config: str) -> tuple[Any, str]:
-    from rag.config import AskSettings
-
-    if config == "today":
-        return AskSettings.legacy(), "generate"
-    if config == "extractive":
-        return AskSettings(), "extractive"
-    return AskSettings(), "generate"
-
-
-def table(results: dict[str, list[Outcome]]) -> tuple[str, dict[tuple[str, str, str], dict]]:
-    from rag.answer.prompt import WORDINGS
-
-    cols = ("n", "f1", "precision", "recall", "cite_precision", "cite_recall", "invalid_markers",
-            "loop", "echo", "words", "refused", "false_refusal", "gold_given")  # fmt: skip
-    lines = [
-        "| set | config | " + " | ".join(cols) + " |",
-        "|---|---|" + "---|" * len(cols),
-    ]
-    stats = {}
-    for name, half in ROWS:
-        for config, outcomes in results.items():
-            chosen = [o for o in outcomes if o.q.set == name and o.q.half == half]
-            if not chosen:
-                continue
-            settings, _ = settings_of(config)
-            s = summarise(chosen, WORDINGS[settings.prompt].sentences())
-            stats[(name, half, config)] = s
-            cells = [f"{s[c]:.0f}" if c in ("n", "invalid_markers") else f"{s[c]:.3f}"
-                     for c in cols]  # fmt: skip
-            label = f"{name} {half}".strip()
-            lines.append(f"| {label} | {config} | " + " | ".join(cells) + " |")
-    return "\n".join(lines), stats
+def table(results: dict[str, list[Outcome]], sets: Sequence[str]) -> str:
+    head = ("| set | half | setting | correct | cited | citation precision | paraphrased "
+            "correct | refused (unanswerable) | false refusals | with a generated sentence "
+            "| errors |")  # fmt: skip
+    lines = [head, "|" + "---|" * 11]
+    for s in sets:
+        for half in ("a", "b", "both"):
+            for config, outs in results.items():
+                mine = [o for o in outs if o.q.set == s and (half == "both" or o.q.half == half)]
+                m = summary(mine)
+                lines.append(
+                    f"| {s} | {half} | {config} | {m['correct']:.3f} ({m['n']}) | "
+                    f"{m['cited']:.3f} | {m['precision']:.3f} | {m['paraphrased']:.3f} | "
+                    f"{m['refused']:.3f} ({m['n_una']}) | {m['false_refusals']:.3f} | "
+                    f"{m['generated']:.3f} | {m['errors']} |"
+                )
+    return "\n".join(lines)
 
 
-def pooled(results: dict[str, list[Outcome]], config: str, sets: Sequence[str]) -> dict:
-    from rag.answer.prompt import WORDINGS
+def latency(outs: Sequence[Outcome]) -> str:
+    lines = ["| answers | n | first token p50 ms | p90 | generated sentence p50 ms | p90 |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, group in (("unseen", [o for o in outs if not o.seen]),
+                         ("seen", [o for o in outs if o.seen])):  # fmt: skip
+        live = [o for o in group if o.source != "refused" and not o.error]
+        gen = [o.generated_ms for o in live if o.generated_ms is not None]
+        lines.append(
+            f"| {label} | {len(live)} | {pct([o.ttft_ms for o in live], 50):.1f} | "
+            f"{pct([o.ttft_ms for o in live], 90):.1f} | {pct(gen, 50):.1f} | {pct(gen, 90):.1f} |"
+        )
+    return "\n".join(lines)
 
-    settings, _ = settings_of(config)
-    chosen = [o for o in results.get(config, []) if o.q.set in sets]
-    return summarise(chosen, WORDINGS[settings.prompt].sentences())
+
+def dump(path: Path, results: dict[str, list[Outcome]]) -> None:
+    with path.open("w") as f:
+        for outs in results.values():
+            for o in outs:
+                f.write(json.dumps({
+                    "config": o.config, "set": o.q.set, "id": o.q.qid, "half": o.q.half,
+                    "question": o.q.question, "answers": o.q.answers, "wrong": o.q.wrong,
+                    "gold": o.q.gold, "answer": o.answer, "source": o.source,
+                    "finish": o.finish, "cited": o.cited_files, "correct": correct(o),
+                    "ttft_ms": round(o.ttft_ms, 1), "seen": o.seen, "error": o.error,
+                }) + "\n")  # fmt: skip
+
+
+# ---------------------------------------------------------------- main
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--docfaq", type=int, help="docfaq questions per half (default: all)")
-    ap.add_argument("--wiki-docs", type=int, help="documents in the wiki_vital collection")
-    ap.add_argument("--wiki-passages", type=int, help="passages asked about (3 questions each)")
-    ap.add_argument("--unanswerable", type=int)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--every", type=int, help="ask every n-th question (default 1, quick 3)")
+    ap.add_argument("--sets", default="wiki,company")
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--kv-reuse", choices=("blend", "prefix", "off"), default="blend")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dump", help="write every answer as JSON lines here")
-    ap.add_argument("--ttft", type=int, help="questions timed to the first token (default 8)")
+    ap.add_argument("--keep", help="use (and keep) this data dir: a second run skips ingest")
     args = ap.parse_args()
-    per_half = args.docfaq or (16 if args.quick else None)
-    wiki_docs = args.wiki_docs or (500 if args.quick else 2000)
-    wiki_passages = args.wiki_passages or (8 if args.quick else 40)
-    unanswerable = args.unanswerable or (24 if args.quick else 60)
-    configs = [c for c in args.configs.split(",") if c]
-    args.ttft = 8 if args.ttft is None else args.ttft
-    pairs: list[tuple[float, float]] = []
+    every = args.every or (3 if args.quick else 1)
+    sets = args.sets.split(",")
+    configs = args.configs.split(",")
 
-    import torch
+    docs = wiki_docs()
+    by_id = {d["_id"]: wiki_filename(d) for d in docs}
+    questions: list[Question] = []
+    if "wiki" in sets:
+        questions += thin(load_questions(HERE / "qa" / "wiki_factual.jsonl", "wiki", by_id), every)
+    if "company" in sets:
+        questions += thin(load_questions(HERE / "qa" / "company_factual.jsonl", "company", None),
+                          every)  # fmt: skip
 
-    from rag.config import EmbedSettings
-    from rag.embed import build_embedder
-    from rag.engine import EngineSettings, build_engine
-
-    torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    rng = random.Random(SEED)
-    embedder = build_embedder(EmbedSettings())
-    df = DocFaq()
-    rows = wiki_rows(wiki_docs)
-    wiki = WikiCollection(embedder, rows)
-    questions = (
-        docfaq_questions(df, per_half, rng)
-        + wiki_questions(rows, wiki_passages, rng)
-        + unanswerable_questions(unanswerable, rng)
-    )
-    items = [
-        (q, df.retrieve(embedder, q.question, k=5) if q.set == "docfaq"
-         else wiki.retrieve(embedder, q.question, k=5))
-        for q in questions
-    ]  # fmt: skip
-    print(f"{len(questions)} questions ({per_half or 'all'} docfaq a half, {wiki_docs} wiki "
-          f"documents), retrieved in {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
-    engine = (
-        build_engine(EngineSettings(threads=args.threads)) if configs != ["extractive"] else None
-    )
-    results: dict[str, list[Outcome]] = {}
+    tmp = tempfile.TemporaryDirectory()
+    data_dir = Path(args.keep or tmp.name)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not (data_dir / "bench-collections.json").exists()
+    port = free_port()
+    proc = start_server(data_dir, port)
     try:
-        for config in configs:
-            settings, mode = settings_of(config)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+        wait_ready(client, proc, 300)
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        if fresh:
+            key = client.post("/v1/keys", json={"tenant": "bench"}, headers=admin).json()["key"]
+            h = {"Authorization": f"Bearer {key}"}
+            cids = {}
             t = time.perf_counter()
-            results[config] = asyncio.run(answer_all(
-                engine, settings, config, items, mode, args.max_tokens, args.kv_reuse,
-                args.concurrency,
-            ))  # fmt: skip
-            print(f"{config}: {time.perf_counter() - t:.0f} s", flush=True)
-        if engine is not None and args.ttft:
-            pairs = asyncio.run(first_tokens(engine, items, args.ttft))
+            for s in sets:
+                cids[s] = client.post("/v1/collections", json={"name": s}, headers=h).json()["id"]
+                if s == "wiki":
+                    ingest_wiki(client, h, cids[s], docs)
+                else:
+                    ingest_company(client, h, cids[s], data_dir / "company-docs")
+            print(f"ingested in {time.perf_counter() - t:.0f} s", flush=True)
+            (data_dir / "bench-collections.json").write_text(json.dumps({"key": key, **cids}))
+        saved = json.loads((data_dir / "bench-collections.json").read_text())
+        h = {"Authorization": f"Bearer {saved['key']}"}
+        results: dict[str, list[Outcome]] = {}
+        for config in configs:
+            given: set[int] = set()
+            outs = []
+            t = time.perf_counter()
+            for q in questions:
+                o = ask(client, h, saved[q.set], q, config, given)
+                given |= set(o.given_chunks)
+                outs.append(o)
+            results[config] = outs
+            print(f"{config}: {len(outs)} questions in {time.perf_counter() - t:.0f} s",
+                  flush=True)  # fmt: skip
     finally:
-        if engine is not None:
-            engine.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
     if args.dump:
-        with open(args.dump, "w") as f:
-            for outcomes in results.values():
-                for o in outcomes:
-                    row = {k: v for k, v in o.__dict__.items() if k != "q"}
-                    row.update(set=o.q.set, half=o.q.half, qid=o.q.qid, question=o.q.question,
-                               reference=o.q.reference, relevant=sorted(o.q.relevant))  # fmt: skip
-                    f.write(json.dumps(row) + "\n")
-    text, _ = table(results)
+        dump(Path(args.dump), results)
+
+    print(f"\n{len(questions)} questions (every {every}), default settings over HTTP\n")
+    print(table(results, sets))
+    for config, outs in results.items():
+        print(f"\n{config}: time to the first token event, and to the generated sentence\n")
+        print(latency(outs))
+    figures(results, sets)
+
+
+def figures(results: dict[str, list[Outcome]], sets: Sequence[str]) -> None:
+    d = results.get("default", [])
+    m = summary(d)
+    per_set = {s: summary([o for o in d if o.q.set == s]) for s in sets}
     print()
-    print(text)
-    print()
-    print(sweeps(results, items))
-    if engine is not None and args.ttft:
-        today = statistics.median(a for a, _ in pairs)
-        new = statistics.median(b for _, b in pairs)
-        print(f"\nfirst token, {len(pairs)} questions one at a time, prompts computed whole: "
-              f"today median {today:.0f} ms, new {new:.0f} ms ({new / today:.2f}x; median of "
-              f"the pairs' ratios {statistics.median(b / a for a, b in pairs):.2f}x)")  # fmt: skip
-    print(f"\nmax_tokens {args.max_tokens}, k 5, kv_reuse {args.kv_reuse}, "
-          f"{time.perf_counter() - t0:.0f} s in all")  # fmt: skip
-    figures(results)
-
-
-def sweeps(results: dict[str, list[Outcome]], items: list[tuple[Question, list[Passage]]]) -> str:
-    """What other thresholds would have given, on the same answers and passages: the
-    per-sentence support threshold (citations of the new answers, re-reviewed by
-    rag.answer.cite.review) and the evidence coverage (rag.answer.extract.evidence)."""
-    import importlib
-
-    from rag.answer.prompt import WORDINGS
-    from rag.config import AskSettings
-
-    cite = importlib.import_module("rag.answer.cite")
-    extract = importlib.import_module("rag.answer.extract")
-    found = {q.qid: service_passages(ps) for q, ps in items}
-    lines = ["| support threshold | set | cite precision | cite recall | unsupported |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    instruction = WORDINGS[AskSettings().prompt].sentences()
-    for threshold in (0.4, 0.5, 0.6, 0.7, 0.8):
-        for name, half in ROWS[:3]:
-            chosen = [o for o in results.get("new", []) if (o.q.set, o.q.half) == (name, half)]
-            pairs: list[float] = []
-            hits: list[bool | None] = []
-            flagged: list[float] = []
-            for o in chosen:
-                if not o.given or refused(o):
-                    continue
-                given = [p for p in found[o.q.qid] if p.chunk_id in set(o.given)]
-                r = cite.review(o.answer, given, threshold=threshold, instruction=instruction)
-                ids = {given[n - 1].chunk_id for n, _, _ in r.cited}
-                pairs += [float(c in o.q.relevant) for c in ids]
-                hits.append(bool(ids & o.q.relevant) if o.gold_given else None)
-                flagged.append(float(bool(r.unsupported)))
-            recall = [float(h) for h in hits if h is not None]
-            lines.append(f"| {threshold} | {name} {half} | {mean(pairs):.3f} | "
-                         f"{mean(recall):.3f} | {mean(flagged):.3f} |")  # fmt: skip
-    lines += ["", "| evidence coverage | set | refused | false refusals (gold given) |",
-              "|---|---|---|---|"]  # fmt: skip
-    for coverage in (0.0, 0.2, 0.35, 0.5, 0.6):
-        for name, half in ROWS:
-            asked = [x for x, _ in items if (x.set, x.half) == (name, half)]
-            refusals: list[float] = []
-            false: list[float] = []
-            for x in asked:
-                relevant = [
-                    p for p in found[x.qid] if p.dense_score >= AskSettings().relevance_threshold
-                ]
-                ev = extract.evidence(x.question, relevant)
-                no = float(not relevant or not ev.answerable(coverage))
-                refusals.append(no)
-                if x.relevant & {p.chunk_id for p in relevant}:
-                    false.append(no)
-            lines.append(f"| {coverage} | {name} {half} | {mean(refusals):.3f} | "
-                         f"{mean(false):.3f} |")  # fmt: skip
-    return "\n".join(lines)
-
-
-async def first_tokens(
-    engine: Any, items: list[tuple[Question, list[Passage]]], n: int
-) -> list[tuple[float, float]]:
-    """Time to the first token, today's settings against the new, one question at a time,
-    each prompt computed whole (kv_reuse off: no cache helps either side), the order
-    alternating: (today ms, new ms) pairs."""
-    from rag.answer import Final
-    from rag.answer.ask import AskRequest, answer_from
-    from rag.answer.generate import stream
-    from rag.engine.sequence import SamplingParams
-
-    pairs = []
-    answerable = [(q, ps) for q, ps in items if q.set != "unanswerable"][:n]
-    for i, (q, found) in enumerate(answerable):
-        passages = service_passages(found)
-        ms: dict[str, float] = {}
-        for config in ("today", "new") if i % 2 == 0 else ("new", "today"):
-            settings, _ = settings_of(config)
-            req = AskRequest(q.question, params=SamplingParams(max_tokens=4))
-            prep = answer_from(engine, settings.model_copy(update={"evidence_coverage": None}),
-                               req, passages, kv_reuse="off")  # fmt: skip
-            async for item in stream(engine, prep, lambda ids: set(ids)):
-                if isinstance(item, Final):
-                    ms[config] = item.timings_ms.get("first_token", float("nan"))
-        pairs.append((ms["today"], ms["new"]))
-    return pairs
-
-
-def figures(results: dict[str, list[Outcome]]) -> None:
-    if "new" not in results:
-        return
-    new = pooled(results, "new", ("docfaq", "wiki_vital", "unanswerable"))
-    answerable = pooled(results, "new", ("docfaq", "wiki_vital"))
-    gains = []
-    for name in ("docfaq", "wiki_vital"):
-        if "today" in results:
-            before = pooled(results, "today", (name,))["f1"]
-            after = pooled(results, "new", (name,))["f1"]
-            gains.append(after / before if before else float("nan"))
-    print(f"FIGURE loop_rate {new['loop']:.3f}")
-    print(f"FIGURE echo_rate {new['echo']:.3f}")
-    print(f"FIGURE citation_precision {answerable['cite_precision']:.3f}")
-    print(f"FIGURE answer_f1_gain {min(gains) if gains else float('nan'):.3f}")
-    print(f"FIGURE refusal_rate {pooled(results, 'new', ('unanswerable',))['refused']:.3f}")
-    print(f"FIGURE false_refusal_rate {answerable['false_refusal']:.3f}")
+    print(f"FIGURE factual_correct {min(v['correct'] for v in per_set.values()):.3f}")
+    print(f"FIGURE factual_cited {min(v['cited'] for v in per_set.values()):.3f}")
+    print(f"FIGURE citation_precision {m['precision']:.3f}")
+    print(f"FIGURE refusal_rate {m['refused']:.3f}")
+    print(f"FIGURE false_refusal_rate {m['false_refusals']:.3f}")
+    print(f"FIGURE loops {m['loops']}")
+    print(f"FIGURE echoes {m['echoes']}")
+    if "extractive" in results:
+        gaps = []
+        for s in sets:
+            ex = summary([o for o in results["extractive"] if o.q.set == s])
+            gaps.append(per_set[s]["correct"] - ex["correct"])
+        print(f"FIGURE correct_vs_extractive {min(gaps):+.3f}")
+    live = [o for o in d if o.source != "refused" and not o.error]
+    unseen = [o.ttft_ms for o in live if not o.seen]
+    seen = [o.ttft_ms for o in live if o.seen]
+    print(f"FIGURE ttft_p50_unseen_ms {pct(unseen, 50):.1f}")
+    print(f"FIGURE ttft_p50_seen_ms {pct(seen, 50):.1f}")
 
 
 if __name__ == "__main__":

@@ -45,11 +45,20 @@ class ByteTokenizer:
     """Text as its UTF-8 bytes (ids 3..258): enough to drive the engine without a model."""
 
     def encode_prompt(self, prompt: object) -> list[int]:
-        text = prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt)  # type: ignore[union-attr]
-        return [b + 3 for b in text.encode()]
+        return self.encode_segments(prompt)[0]
+
+    def encode_segments(self, prompt: object) -> tuple[list[int], list[object]]:
+        """The ids and no segment spans: the check's prompts are plain text."""
+        messages = getattr(prompt, "messages", prompt)
+        text = messages if isinstance(messages, str) else " ".join(m["content"] for m in messages)  # type: ignore[union-attr]
+        return [b + 3 for b in text.encode()], []
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t - 3 for t in token_ids if 3 <= t < 259).decode(errors="replace")
+
+    def token_texts(self) -> list[str]:
+        """Each id's text, as the runner's citation mask reads it (ids 0..2 have none)."""
+        return ["", "", ""] + [bytes([b]).decode("latin-1") for b in range(256)]
 
 
 def random_models(seed: int = 0):  # type: ignore[no-untyped-def]

@@ -1,14 +1,16 @@
 """Time to first token with passage KV reuse (kv_reuse=blend) against the prefix cache alone
-(kv_reuse=prefix), and what reuse costs in fidelity against full prefill.
+(kv_reuse=prefix) and the service's defaults (`default`: evidence first), and what reuse
+costs in fidelity against full prefill.
 
     python bench/ttft.py           # 2,000 documents, 300 + 200 questions, 16 clients x 128,
                                    # fidelity on the 322 docfaq QA pairs
     python bench/ttft.py --quick   # 500 documents, 60 + 60, 16 clients x 32, 40 QA pairs
 
 1. One client, one question at a time, over HTTP (streamed /ask, default settings: 5
-   passages, 256 tokens at most, the default weights). Two tenants hold the same wiki_vital
-   documents; one asks with kv_reuse=blend, the other with kv_reuse=prefix, the same
-   question in turn (so both see the same machine at the same time, and share no cache).
+   passages, 256 tokens at most, the default weights). Three tenants hold the same wiki_vital
+   documents; one asks with kv_reuse=blend and evidence all, one with kv_reuse=prefix and
+   evidence all, one with the defaults, the same question in turn (so all see the same
+   machine at the same time, and share no cache).
    Questions: three per document from its title and description (templates, fixed seed);
    documents drawn by Zipf (s = 1.1) over a fixed random ranking, so popular documents'
    passages come back as in real traffic. TTFT is the first answer token as the client
@@ -21,7 +23,7 @@
    (full || reuse), and answer token-F1 against the FAQ's answer. Then the recompute share
    (tokens recomputed at the start of each passage) and the storage format swept on a part.
 
-Ends with FIGURE lines: ttft_p50_seen_ms, ttft_p50_vs_prefix, ttft_cold_vs_prefix,
+Ends with FIGURE lines: ttft_p50_seen_ms, ttft_p50_default_ms, ttft_p50_vs_prefix, ttft_cold_vs_prefix,
 answers_per_s_vs_prefix, greedy_match_vs_full, first_token_kl, answer_f1_delta.
 
     python bench/ttft.py --contention 40  # in process: a fully cached prompt's first token
@@ -135,7 +137,9 @@ class Answer:
 
 def ask(client: httpx.Client, headers: dict[str, str], cid: str, question: str, mode: str,
         max_tokens: int | None = None) -> Answer:  # fmt: skip
-    body: dict[str, Any] = {"question": question, "stream": True, "kv_reuse": mode}
+    body: dict[str, Any] = {"question": question, "stream": True}
+    if mode != "default":  # "default": the service's defaults (evidence first, one passage)
+        body.update(kv_reuse=mode, evidence="all")
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     t0 = time.perf_counter()
@@ -158,6 +162,12 @@ def ask(client: httpx.Client, headers: dict[str, str], cid: str, question: str, 
     canned = reason in ("no_passages", "not_indexed")
     return Answer(ttft if ttft is not None else e2e, e2e, given, final.get("usage", {}),
                   final.get("timings_ms", {}), canned)  # fmt: skip
+
+
+# The arms of the one-client part: passage KV reuse, the prefix cache alone (both with the
+# multi-passage prompt), and the service's defaults (evidence first: the quote, then one
+# generated sentence over one passage, whose KV the prefix cache reuses exactly).
+MODES = ("blend", "prefix", "default")
 
 
 # ---------------------------------------------------------------- fidelity
@@ -671,7 +681,7 @@ def main() -> int:
         with LiveServer(create_app(settings, services)) as server:
             client = httpx.Client(base_url=server.url, timeout=600)
             tenants = {}
-            for mode in ("blend", "prefix"):
+            for mode in MODES:
                 key, _ = create_key(services.db, f"bench-{mode}")
                 headers = {"Authorization": f"Bearer {key}"}
                 cid = client.post("/v1/collections", json={"name": "wiki"},
@@ -684,11 +694,11 @@ def main() -> int:
             _ = services.engine  # loaded (the API loads it at start; wait for it here)
 
             # 1. One client.
-            seen_texts: dict[str, set[str]] = {"blend": set(), "prefix": set()}
-            answers: dict[str, list[Answer]] = {"blend": [], "prefix": []}
+            seen_texts: dict[str, set[str]] = {mode: set() for mode in MODES}
+            answers: dict[str, list[Answer]] = {mode: [] for mode in MODES}
             t = time.perf_counter()
             for i, q in enumerate(questions[: n_warm + n_meas]):
-                order = ("blend", "prefix") if i % 2 == 0 else ("prefix", "blend")
+                order = MODES[i % len(MODES) :] + MODES[: i % len(MODES)]
                 for mode in order:
                     headers, cid = tenants[mode]
                     a = ask(client, headers, cid, q, mode, args.max_tokens)
@@ -729,7 +739,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     tables = {mode: split(answers[mode]) for mode in answers}
     for part in ("all", "seen", "unseen"):
-        for mode in ("blend", "prefix"):
+        for mode in MODES:
             xs = tables[mode][part]
             live = [a for a in answers[mode] if not a.canned and (
                 part == "all" or a.seen == (part == "seen"))]  # fmt: skip
@@ -768,6 +778,7 @@ def main() -> int:
     cold = pct(tables["blend"]["unseen"], 50) / pct(tables["prefix"]["unseen"], 50)
     print()
     print(f"FIGURE ttft_p50_seen_ms {seen_p50:.1f}")
+    print(f"FIGURE ttft_p50_default_ms {pct(tables['default']['all'], 50):.1f}")
     print(f"FIGURE ttft_p50_vs_prefix {ratio:.3f}")
     print(f"FIGURE ttft_cold_vs_prefix {cold:.3f}")
     print(f"FIGURE answers_per_s_vs_prefix {conc['blend'][0] / conc['prefix'][0]:.3f}")

@@ -7,8 +7,9 @@ fail at startup.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -148,7 +149,28 @@ class SearchSettings(_Section):
     default_budget_ms: float | None = Field(None, gt=0)
 
 
+log = logging.getLogger(__name__)
+
+# Settings removed in this release: still accepted (and ignored) with a warning, for one
+# release, so a deployment that sets one keeps starting (CHANGELOG.md).
+REMOVED_ASK = {
+    "prompt": "the legacy prompt is gone",
+    "attribution": "whole-answer attribution is gone; answers are attributed by sentence",
+    "evidence_coverage": "replaced by ask.min_support (RAG_ASK__MIN_SUPPORT)",
+    "extract_min_support": "replaced by ask.min_support (RAG_ASK__MIN_SUPPORT)",
+}
+
+
 class AskSettings(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in [k for k in data if k in REMOVED_ASK]:
+                data = {k: v for k, v in data.items() if k != key}
+                log.warning("setting ask.%s is ignored: %s", key, REMOVED_ASK[key])
+        return data
+
     # A passage must score at least this (cosine of the dense side) to be worth answering from;
     # below it the answer says the documents do not contain it, without running the generator.
     relevance_threshold: float = Field(0.2, ge=-1.0, le=1.0)
@@ -166,13 +188,24 @@ class AskSettings(_Section):
     retrieve_share: float = Field(0.3, gt=0, lt=1)
 
     # Grounded answers: defaults chosen by measurement with the bundled 135M model
-    # (bench/answers.py, table in bench/README.md); `legacy()` is the behaviour before them.
-    # "generate" writes the answer with the generator; "extractive" quotes the passage
-    # sentences that answer best, without it. A request's `mode`, then the collection's saved
-    # default, win.
+    # (bench/answers.py, table in bench/README.md). "generate" answers with the quote that
+    # supports it and the generator's sentence (`evidence`); "extractive" quotes the
+    # sentences that answer, without the generator. A request's `mode`, then the
+    # collection's saved default, win.
     mode: Literal["generate", "extractive"] = "generate"
-    # The words around the passages (rag.answer.prompt.WORDINGS).
-    prompt: Literal["grounded", "legacy"] = "grounded"
+    # What the generator sees: "one" passage (the one holding the sentence that answers; the
+    # answer is that quote, then one generated sentence shown only when it agrees with it),
+    # "all" the passages retrieved (the answer as the generator writes it, reviewed at the
+    # end), "auto": "one" for the local engine, "all" for a remote one (a larger model).
+    evidence: Literal["auto", "one", "all"] = "auto"
+    # The most tokens of the generated sentence that follows the quote ("one").
+    sentence_tokens: int = Field(48, ge=1, le=512)
+    # Refuse without the generator unless a sentence (or table row) of the passages holds
+    # what the question asks for (a number, a date, a name) and, with its context, the
+    # question's names, and also this share of its weighted terms and this cosine with it
+    # in the embedding model's space (rag.answer.evidence).
+    min_support: float = Field(0.0, ge=0, le=1)
+    min_similarity: float = Field(0.45, ge=-1, le=1)
     # Sampling for grounded answers when the request sets none: OpenAI's penalties (counted
     # over the answer's own tokens, so quoting a passage is not punished), Hugging Face's
     # repetition penalty, and the engine's guard that ends an answer repeating itself
@@ -187,31 +220,13 @@ class AskSettings(_Section):
     # closes (the most of its content words; rag.answer.cite.chooser); any given one when
     # none holds any.
     cite_steer: bool = True
-    # "sentence": each sentence is cited by its marker, or attributed to the passage holding
-    # at least `support_threshold` of its content words, or reported unsupported; "answer":
-    # the whole answer attributed to at most two passages (before per-sentence attribution).
-    attribution: Literal["sentence", "answer"] = "sentence"
+    # "all": each sentence is cited by its marker, or attributed to the passage holding at
+    # least this share of its content words, or reported unsupported.
     support_threshold: float = Field(0.5, ge=0, le=1)
-    # Refuse without the generator when the passages given lack the question's names
-    # (capitalised words, numbers) or hold less than this share of its content words
-    # (rag.answer.extract.evidence). None: no such check (only relevance_threshold).
-    evidence_coverage: float | None = Field(0.35, ge=0, le=1)
-    # Extractive answers: at most this many sentences and about this many words; a question
-    # no sentence supports this much (its share of the question's weighted terms) is refused.
-    extract_sentences: int = Field(3, ge=1, le=20)
+    # Extractive answers: the sentence that answers, then the best others of its passage, at
+    # most this many sentences and about this many words.
+    extract_sentences: int = Field(1, ge=1, le=20)
     extract_words: int = Field(90, ge=1, le=2000)
-    extract_min_support: float = Field(0.2, ge=0, le=1)
-
-    @classmethod
-    def legacy(cls, **changes: object) -> AskSettings:
-        """The answers before issue 15 (old prompt, no penalties, no citation mask,
-        whole-answer attribution, no evidence check), for benchmarks that compare."""
-        old: dict[str, object] = {
-            "prompt": "legacy", "frequency_penalty": 0.0, "presence_penalty": 0.0,
-            "repetition_penalty": 1.0, "stop_repetition": False, "cite_mask": False,
-            "cite_steer": False, "attribution": "answer", "evidence_coverage": None,
-        }  # fmt: skip
-        return cls.model_validate({**old, **changes})
 
 
 class AuthSettings(_Section):

@@ -3,7 +3,7 @@ retrieve → threshold → prompt → submit) or `chat.prepare` (plain chat), th
 `generate.tokens` (the stream to one Final, cited by `cite`)."""
 
 from rag.answer.ask import NOT_FOUND, NOTHING_INDEXED, AskRequest
-from rag.answer.cite import Citation, attribute, cite, markers
+from rag.answer.cite import Citation, cite, markers
 from rag.answer.generate import Final, Prepared, cancel, collect, tokens
 
 __all__ = [
@@ -13,7 +13,6 @@ __all__ = [
     "Citation",
     "Final",
     "Prepared",
-    "attribute",
     "cancel",
     "cite",
     "collect",

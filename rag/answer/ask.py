@@ -1,17 +1,25 @@
-"""A grounded answer, top to bottom: admit → retrieve → threshold → evidence → prompt →
-generate (or extract) → cite.
+"""A grounded answer, top to bottom: admit → retrieve → choose the evidence → answerable? →
+quote → generate one checked sentence over the one passage (or extract, or generate over
+several) → cite.
 
 One deadline covers the request: retrieval may use a share of it, generation the rest, and an
 answer still being written when it passes stops with finish reason ``deadline``. Overload is
-refused before any work (the generator is full: Overloaded, HTTP 429). Citations are mapped
-by the server from the answer's ``[n]`` markers and its sentences, only to passages that were
-given to the model and that SQL says the caller may still see, right before they are cited
-(rag.answer.cite).
+refused before any work (the generator is full: Overloaded, HTTP 429).
 
-Before any generation, the passages must hold the question's names and enough of its terms
-(rag.answer.extract.evidence); otherwise the answer says the documents do not contain it
-(finish reason ``no_evidence``). The extractive mode answers with quoted passage sentences and
-never touches the generator.
+Evidence first (rag.answer.evidence): the sentence of the retrieved passages that answers the
+question is chosen before any generation. When there is none (the passages lack the
+question's names, or no sentence holds what it asks for), the answer says the documents do
+not contain it, without the generator (answer_source ``refused``). Otherwise, by the
+`evidence` setting:
+
+- ``one`` (the bundled model's default): the quote, then one sentence the generator writes
+  from that passage alone, shown only when it agrees with the quote (rag.answer.check). The
+  prompt is the system instruction, the passage and the question, in that order, so a
+  passage's KV is a prefix the engine's cache reuses exactly for any later question over it.
+- ``all`` (a remote model's default): the passages in one prompt, the answer streamed as it is
+  written and reviewed sentence by sentence.
+
+The extractive mode quotes without the generator.
 """
 
 from __future__ import annotations
@@ -19,13 +27,28 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from rag.answer import prompt as prompts
 from rag.answer.cite import chooser
-from rag.answer.extract import evidence, extract
-from rag.answer.generate import Prepared, ReviewOptions, admit, start
+from rag.answer.evidence import Choice, choose
+from rag.answer.extract import extract
+from rag.answer.generate import (
+    NOT_FOUND,
+    Generating,
+    Grounded,
+    Prepared,
+    Quoted,
+    Refused,
+    ReviewOptions,
+    admit,
+    start,
+)
 from rag.db import collections
 from rag.deadline import Deadline
 from rag.engine.protocol import KvReuse
@@ -39,8 +62,6 @@ if TYPE_CHECKING:
     from rag.engine.protocol import GenerationBackend
     from rag.services import Services
 
-WORDING = prompts.WORDINGS
-NOT_FOUND = "The documents do not contain an answer to this question."
 NOTHING_INDEXED = "Nothing is indexed in this collection yet, so there is nothing to answer from."
 
 
@@ -53,6 +74,7 @@ class AskRequest:
     budget_ms: float | None = None
     kv_reuse: KvReuse | None = None  # None: the collection's default, else the service's
     mode: Mode | None = None  # None: the collection's default, else the service's
+    evidence: EvidenceUse | None = None  # None: the service's (auto: by the generator)
     # None: AskSettings' defaults for grounded answers (what the request did not set).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -60,6 +82,8 @@ class AskRequest:
 
 
 Mode = Literal["generate", "extractive"]
+Embed = Callable[[list[str]], npt.NDArray[np.float32]]
+EvidenceUse = Literal["auto", "one", "all"]
 KV_REUSE: tuple[KvReuse, ...] = ("blend", "prefix", "off")
 MODES: tuple[Mode, ...] = ("generate", "extractive")
 T = TypeVar("T", bound=str)
@@ -112,40 +136,46 @@ async def prepare(
     for stage, ms in result.timings_ms.items():
         timings[f"retrieve.{stage}"] = ms
 
-    def canned(text: str, reason: str) -> Prepared:
-        return Prepared(
-            tenant_id, collection_id, [], result, deadline, timings, request_id, None,
-            canned=text, canned_reason=reason,
+    def refused(text: str, reason: str) -> Prepared:
+        return Refused(
+            tenant_id=tenant_id, collection_id=collection_id, passages=[], search=result,
+            deadline=deadline, timings_ms=timings, request_id=request_id, text=text,
+            reason=reason,
         )  # fmt: skip
 
     if not result.passages:
         indexed = await asyncio.to_thread(_chunk_count, services, tenant_id, collection_id)
         if indexed == 0:
-            return canned(NOTHING_INDEXED, "not_indexed")
-        return canned(NOT_FOUND, "no_passages")
+            return refused(NOTHING_INDEXED, "not_indexed")
+        return refused(NOT_FOUND, "no_passages")
     relevant = [p for p in result.passages if _relevance(p) >= settings.relevance_threshold]
     if not relevant:
-        return canned(NOT_FOUND, "no_passages")
-    mode = _chosen(req.mode, result.saved.get("mode"), MODES, services.settings.ask.mode)
+        return refused(NOT_FOUND, "no_passages")
+    mode = _chosen(req.mode, result.saved.get("mode"), MODES, settings.mode)
     if mode == "generate" and engine is None:
         engine = await asyncio.to_thread(lambda: services.engine)
         admit(engine)
-    prep = answer_from(
+    use = req.evidence or settings.evidence
+    if use == "auto":
+        use = "all" if services.settings.engine.backend == "remote" else "one"
+    prep = await answer_from(
         engine, settings, req, relevant, tenant_id=tenant_id, collection_id=collection_id,
+        embed=services.embedder.embed if services.embedder.semantic else None,
         search=result, deadline=deadline, timings=timings, request_id=request_id, mode=mode,
-        kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
-                         services.settings.engine.kv_reuse),  # fmt: skip
+        evidence=use, kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
+                                       services.settings.engine.kv_reuse),  # fmt: skip
     )  # fmt: skip
     prep.timings_ms["admit_to_submit"] = _ms(t0)
     return prep
 
 
-def answer_from(
+async def answer_from(
     engine: GenerationBackend | None,
     settings: AskSettings,
     req: AskRequest,
     passages: list[Passage],
     *,
+    embed: Embed | None = None,
     tenant_id: str = "",
     collection_id: str = "",
     search: SearchResult | None = None,
@@ -153,67 +183,93 @@ def answer_from(
     timings: dict[str, float] | None = None,
     request_id: str | None = None,
     mode: Mode = "generate",
-    kv_reuse: KvReuse = "blend",
+    evidence: Literal["one", "all"] = "one",
+    kv_reuse: KvReuse = "prefix",
 ) -> Prepared:
-    """From the passages retrieved (strongest first) to a running generation, an extracted
-    answer, or a refusal when they hold no evidence for the question. Call from the event
-    loop (the engine's stream is bound to it); `engine` may be None in extractive mode."""
+    """From the passages retrieved (strongest first) to a running generation, a quote, or a
+    refusal when no sentence of them answers the question. Call from the event loop (the
+    engine's stream is bound to it); the evidence and the prompt are built in a thread.
+    `engine` may be None in extractive mode; `embed` (the embedding model) compares the
+    question with the best candidate sentences, when given."""
     deadline = deadline or Deadline.after_ms(None)
     timings = {} if timings is None else timings
     request_id = request_id or "ask-" + uuid.uuid4().hex
-
-    def canned(text: str, reason: str) -> Prepared:
-        return Prepared(
-            tenant_id, collection_id, [], search, deadline, timings, request_id, None,
-            canned=text, canned_reason=reason, mode=mode,
-        )  # fmt: skip
+    base: dict[str, Any] = dict(
+        tenant_id=tenant_id, collection_id=collection_id, search=search, deadline=deadline,
+        timings_ms=timings, request_id=request_id, mode=mode,
+    )  # fmt: skip
 
     t = time.perf_counter()
-    if settings.evidence_coverage is not None:
-        found = evidence(req.question, passages)
-        timings["evidence"] = _ms(t)
-        if not found.answerable(settings.evidence_coverage):
-            return canned(NOT_FOUND, "no_evidence")
-    review = ReviewOptions(
-        settings.attribution, settings.support_threshold,
-        WORDING[settings.prompt].sentences(),
-    )  # fmt: skip
+    choice = await asyncio.to_thread(_choice, req.question, passages, embed)
+    timings["evidence"] = _ms(t)
+    if choice is None or not choice.answerable(settings.min_support, settings.min_similarity):
+        return Refused(passages=[], text=NOT_FOUND, reason="no_evidence", **base)
     if mode == "extractive":
-        t = time.perf_counter()
-        extracted = extract(
-            req.question, passages, max_sentences=settings.extract_sentences,
-            max_words=settings.extract_words, min_support=settings.extract_min_support,
-        )  # fmt: skip
-        timings["extract"] = _ms(t)
-        if not extracted.quotes:
-            return canned(NOT_FOUND, "no_evidence")
-        return Prepared(
-            tenant_id, collection_id, passages, search, deadline, timings, request_id, None,
-            extracted=extracted, mode=mode, review=review,
-        )  # fmt: skip
+        extracted = extract(passages, choice, max_sentences=settings.extract_sentences,
+                            max_words=settings.extract_words)  # fmt: skip
+        return Quoted(passages=passages, extracted=extracted, **base)
 
     assert engine is not None  # the generate mode is admitted before it gets here
-    t = time.perf_counter()
     params = grounded_params(req, settings)
-    max_tokens = params.max_tokens or settings.default_max_tokens
-    context = _context_tokens(engine)
-    built = prompts.build(
-        req.question, passages, context_tokens=context, max_tokens=max_tokens,
-        count=engine.count_tokens, salt=tenant_id, kv_reuse=kv_reuse,
-        wording=WORDING[settings.prompt],
-    )  # fmt: skip
+    if evidence == "one":
+        given = [passages[choice.passage]]
+        quote = extract(given, replace(choice, passage=0, others=()))
+        params = replace(params, max_tokens=min(params.max_tokens or 1, settings.sentence_tokens))
+        wording = prompts.ONE
+    else:
+        given = passages
+        wording = prompts.GROUNDED
+    t = time.perf_counter()
+    built = await asyncio.to_thread(
+        _prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording
+    )
     timings["prompt"] = _ms(t)
-    if built.tokens + max_tokens > context:
-        raise Invalid("the question and max_tokens do not fit the model's context")
     if settings.cite_mask:
-        steer = chooser(passages[: built.given]) if settings.cite_steer else None
+        steer = chooser(given[: built.given]) if settings.cite_steer else None
         params = replace(params, cite_passages=built.given, cite_choice=steer)
     stream = start(engine, built.prompt, params, request_id, cache_salt=tenant_id)
-    return Prepared(
-        tenant_id, collection_id, passages[: built.given], search, deadline, timings,
-        request_id, stream, submitted_at=time.perf_counter(), prompt_tokens=built.tokens,
-        mode=mode, review=review, stop_repetition=params.stop_repetition,
+    running: dict[str, Any] = dict(passages=given[: built.given], generation=stream,
+                   submitted_at=time.perf_counter(), prompt_tokens=built.tokens)  # fmt: skip
+    if evidence == "one":
+        return Grounded(quote=quote, question=req.question, **running, **base)
+    review = ReviewOptions(settings.support_threshold, wording.sentences())
+    return Generating(review=review, stop_repetition=params.stop_repetition, **running, **base)
+
+
+def _choice(question: str, passages: list[Passage], embed: Embed | None) -> Choice | None:
+    dense = [_relevance(p) for p in passages]
+    similar = None
+    if embed is not None:
+
+        def similar(texts: list[str]) -> list[float]:
+            vectors = embed([question, *texts])  # normalized: a dot product is the cosine
+            return [float(v) for v in vectors[1:] @ vectors[0]]
+
+    return choose(
+        question, passages, dense=dense, titles=[p.filename for p in passages], similar=similar
+    )
+
+
+def _prompt(
+    engine: GenerationBackend,
+    question: str,
+    given: list[Passage],
+    params: SamplingParams,
+    tenant_id: str,
+    kv_reuse: KvReuse,
+    wording: prompts.Wording,
+) -> prompts.Prompt:
+    """The prompt, counted with the engine's tokenizer (in a thread: a long passage takes a
+    while to tokenize, and the event loop serves every tenant)."""
+    context = _context_tokens(engine)
+    max_tokens = params.max_tokens or 0
+    built = prompts.build(
+        question, given, context_tokens=context, max_tokens=max_tokens,
+        count=engine.count_tokens, salt=tenant_id, kv_reuse=kv_reuse, wording=wording,
     )  # fmt: skip
+    if built.given == 0 or built.tokens + max_tokens > context:
+        raise Invalid("the question and max_tokens do not fit the model's context")
+    return built
 
 
 def grounded_params(req: AskRequest, settings: AskSettings) -> SamplingParams:

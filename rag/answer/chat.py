@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rag.answer.generate import Prepared, admit, start
+from rag.answer.generate import Generating, Prepared, admit, start
 from rag.deadline import Deadline
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid
@@ -45,7 +45,8 @@ async def prepare(
         params = replace(params, max_tokens=services.settings.ask.default_max_tokens)
     request_id = "chat-" + uuid.uuid4().hex
     stream = start(engine, chat, params, request_id, cache_salt=tenant_id)
-    return Prepared(
-        tenant_id, "", [], None, Deadline.after_ms(budget_ms), {}, request_id, stream,
-        submitted_at=time.perf_counter(),
+    return Generating(
+        tenant_id=tenant_id, collection_id="", passages=[], search=None,
+        deadline=Deadline.after_ms(budget_ms), timings_ms={}, request_id=request_id,
+        generation=stream, submitted_at=time.perf_counter(),
     )  # fmt: skip

@@ -6,9 +6,6 @@ holds most of its content words, when that passage holds at least `threshold` of
 sentence no passage supports stays uncited and is reported as unsupported, never shown as a
 cited fact. A sentence that repeats the system instruction is reported as echoed. Markers
 that point nowhere, or to a chunk deleted since or never the caller's, are dropped.
-
-`how="answer"` is the attribution before per-sentence attribution existed (the whole answer
-to at most two passages holding 60% of its words), kept so benchmarks can compare.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from rag.db import Database, chunks
 from rag.retrieve import Passage
@@ -24,13 +21,9 @@ from rag.retrieve import Passage
 # "[2]", "[1, 3]"; not an index such as x[0] or f(a)[1] (the engine's citation mask tells
 # them apart the same way).
 MARKER = re.compile(r"(?<![\w)])\[(\d{1,4}(?:\s*,\s*\d{1,4})*)\]")
-_CONTENT_WORD = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
-ATTRIBUTION_MIN_WORDS = 4
-ATTRIBUTION_MIN_SHARE = 0.6
 # A sentence with fewer content terms than this ("Yes.", a heading) claims nothing to check.
 SENTENCE_MIN_TERMS = 3
 
-Attribution = Literal["sentence", "answer"]
 Span = tuple[int, int]  # [start, end) in the answer's characters
 Visible = Callable[[Sequence[int]], set[int]]  # chunk ids -> those the caller may still see
 
@@ -184,16 +177,10 @@ def review(
     *,
     threshold: float = 0.5,
     instruction: Sequence[str] = (),
-    how: Attribution = "sentence",
 ) -> Review:
     """Which given passage (numbered from 1) each sentence of `answer` cites or is drawn
     from; the sentences no passage supports; those that repeat `instruction` (the sentences
     of the system instruction)."""
-    if how == "answer":
-        wanted = [n for n in markers(answer) if 1 <= n <= len(given)]
-        if wanted:
-            return Review([(n, (), False) for n in wanted])
-        return Review([(n, (), True) for n, _ in attribute(answer, given)])
     passage_terms = [terms(p.text) for p in given]
     told = [terms(s) for s in instruction]
     order: list[int] = []
@@ -224,22 +211,6 @@ def review(
             spans[n].append((s, e))
     cited = [(n, tuple(spans[n]), n not in written) for n in order]
     return Review(cited, unsupported, echoed)
-
-
-def attribute(answer: str, given: Sequence[HasText]) -> list[tuple[int, HasText]]:
-    """The attribution of a whole answer (before per-sentence attribution): given passages
-    (numbered from 1) that supply at least 60% of the answer's content words, best first, at
-    most two. Nothing for a short or unsupported answer."""
-    words = {w.lower() for w in _CONTENT_WORD.findall(answer)}
-    if len(words) < ATTRIBUTION_MIN_WORDS:
-        return []
-    scored = []
-    for n, passage in enumerate(given, start=1):
-        share = len(words & {w.lower() for w in _CONTENT_WORD.findall(passage.text)}) / len(words)
-        if share >= ATTRIBUTION_MIN_SHARE:
-            scored.append((share, n, passage))
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    return [(n, passage) for _, n, passage in scored[:2]]
 
 
 # ---------------------------------------------------------------- checked against SQL

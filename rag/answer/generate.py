@@ -1,12 +1,15 @@
-"""From a submitted generation to the final event: the one loop every answer goes through.
+"""From a prepared answer to the final event: one `events()` for each kind of answer.
 
-`start` admits and submits (overload refused before any work: HTTP 429); `tokens` drains the
-engine's stream as text pieces, then one `Final`: the deadline stops it (finish reason
-`deadline`), a client that goes away cancels it and frees its KV blocks, markdown images are
-neutralised on the way, and at the end each sentence is cited or reported unsupported or
-echoed (rag.answer.cite), the citations checked against SQL. Nothing is held back for that:
-the stream is the engine's, and the review is in the final event. An extracted answer
-(rag.answer.extract) goes the same way, without the generator.
+A `Prepared` answer is one of four: `Refused` (the documents do not answer; no generator),
+`Quoted` (the extractive mode: the sentences that answer, with their spans), `Grounded` (the
+default with the bundled model: the quote first, then one generated sentence, held until it
+is complete and shown only if rag.answer.check passes it) and `Generating` (several passages
+in one prompt, streamed as written and reviewed sentence by sentence at the end: a remote
+model's default). `start` admits and submits (overload refused before any work: HTTP 429);
+`tokens` yields the text pieces, then one `Final`, whose `answer_source` says where the answer
+came from (generated / quoted / refused). The deadline stops a generation (finish reason
+`deadline`), a client that goes away cancels it and frees its KV blocks, and citations are
+checked against SQL before they are given.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.cite import (
-    Attribution,
+    MARKER,
     Citation,
     Review,
     Span,
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 # How long a cancelled generation may take to report its usage before we stop waiting.
 CANCEL_GRACE_S = 0.5
+NOT_FOUND = "The documents do not contain an answer to this question."
 NO_USAGE = Usage(0, 0, 0)
 
 
@@ -58,31 +63,101 @@ NO_USAGE = Usage(0, 0, 0)
 class ReviewOptions:
     """How the answer's sentences are checked (AskSettings): rag.answer.cite.review."""
 
-    how: Attribution = "sentence"
     threshold: float = 0.5
     instruction: tuple[str, ...] = ()  # the system instruction's sentences
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
-    """What exists before the first token: the passages given and the running generation."""
+    """What exists before the first token: the passages given, and for a generated answer
+    the running generation. One of the subclasses below, each with its own `events`."""
 
     tenant_id: str
     collection_id: str  # "" for plain chat
-    passages: list[Passage]  # those given to the model, numbered from 1
+    passages: list[Passage]  # those given (to the model, or quoted), numbered from 1
     search: SearchResult | None
     deadline: Deadline
     timings_ms: dict[str, float]
     request_id: str
-    stream: AsyncIterator[TokenEvent] | None  # None: answered without the generator
-    canned: str | None = None
-    canned_reason: str | None = None
+    mode: str = "generate"  # generate | extractive
+
+    @property
+    def stream(self) -> AsyncIterator[TokenEvent] | None:
+        """The running generation, if any (a client that goes away cancels it)."""
+        return None
+
+    def events(
+        self, engine: GenerationBackend | None, visible: Visible
+    ) -> AsyncGenerator[str | Final, None]:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class Refused(Prepared):
+    """No answer from these documents (or none indexed): a fixed text, no generator."""
+
+    text: str
+    reason: str  # no_passages | no_evidence | not_indexed
+
+    async def events(
+        self, engine: GenerationBackend | None, visible: Visible
+    ) -> AsyncGenerator[str | Final, None]:
+        yield self.text
+        yield Final(self.text, [], NO_USAGE, self.timings_ms, self.reason, answer_source="refused")
+
+
+@dataclass(kw_only=True)
+class Quoted(Prepared):
+    """The extractive answer: the quotes, at once."""
+
+    extracted: Extracted
+
+    def events(
+        self, engine: GenerationBackend | None, visible: Visible
+    ) -> AsyncGenerator[str | Final, None]:
+        return _extracted(self, visible)
+
+
+@dataclass(kw_only=True)
+class Running(Prepared):
+    """A generation submitted to the engine."""
+
+    generation: AsyncIterator[TokenEvent]
     submitted_at: float = 0.0
     prompt_tokens: int = 0
-    mode: str = "generate"  # generate | extractive
-    extracted: Extracted | None = None  # the extractive mode's answer
+
+    @property
+    def stream(self) -> AsyncIterator[TokenEvent] | None:
+        return self.generation
+
+
+@dataclass(kw_only=True)
+class Generating(Running):
+    """Passages in one prompt, the answer streamed as written and reviewed at the end."""
+
     review: ReviewOptions = ReviewOptions()
     stop_repetition: bool = False  # stop a sentence that begins as an earlier one (loops.py)
+
+    def events(
+        self, engine: GenerationBackend | None, visible: Visible
+    ) -> AsyncGenerator[str | Final, None]:
+        assert engine is not None
+        return _generated(engine, self, visible)
+
+
+@dataclass(kw_only=True)
+class Grounded(Running):
+    """The quote of the one passage given, then a generated sentence over that passage,
+    shown only when rag.answer.check passes it."""
+
+    quote: Extracted
+    question: str
+
+    def events(
+        self, engine: GenerationBackend | None, visible: Visible
+    ) -> AsyncGenerator[str | Final, None]:
+        assert engine is not None
+        return _grounded(engine, self, visible)
 
 
 @dataclass
@@ -101,6 +176,9 @@ class Final:
     # of the concatenated pieces; already streamed, a client may hide it). `answer` leaves it
     # out.
     repeated: Span | None = None
+    # Where the answer came from: "generated" (the generator wrote it, or a checked sentence
+    # of it follows the quote), "quoted" (sentences of the documents only) or "refused".
+    answer_source: str = "generated"
 
 
 def admit(engine: GenerationBackend) -> None:
@@ -144,116 +222,186 @@ async def tokens(services: Services, prep: Prepared) -> AsyncGenerator[str | Fin
             yield item
 
 
-async def stream(
+def stream(
     engine: GenerationBackend | None, prep: Prepared, visible: Visible
 ) -> AsyncGenerator[str | Final, None]:
     """`tokens` for a given engine and SQL check (`visible`: chunk ids -> those the caller
     may still see), so a benchmark can run the same path over passages of its own."""
-    if prep.extracted is not None:
-        async for item in _extracted(prep, visible):
-            yield item
-        return
-    if prep.stream is None or engine is None:
-        text = prep.canned or ""
-        yield text
-        yield Final(text, [], NO_USAGE, prep.timings_ms, prep.canned_reason or "no_passages")
-        return
+    return prep.events(engine, visible)
+
+
+class _Run:
+    """One submitted generation drained: its text pieces until it finishes, the deadline
+    passes or it fails, then how it ended (`reason`, `usage`, the engine's stages)."""
+
+    def __init__(self, engine: GenerationBackend, prep: Running) -> None:
+        self.engine = engine
+        self.prep = prep
+        self.reason = "stop"
+        self.usage = Usage(prep.prompt_tokens, 0, 0)
+        self.stages: dict[str, float] = {}
+        self.first_at: float | None = None
+        self._it = prep.generation.__aiter__()
+        self._finished = False
+
+    async def pieces(self) -> AsyncGenerator[str, None]:
+        prep = self.prep
+        try:
+            while True:
+                timeout = None
+                if prep.deadline.bounded:
+                    timeout = max(0.0, prep.deadline.remaining_ms() / 1000.0)
+                try:
+                    ev = await asyncio.wait_for(self._it.__anext__(), timeout)
+                except StopAsyncIteration:
+                    self._finished = True
+                    return
+                except TimeoutError:
+                    await self.stop("deadline")
+                    return
+                if ev.text:
+                    if self.first_at is None:
+                        self.first_at = time.perf_counter()
+                    yield ev.text
+                if ev.finished:
+                    self._finished = True
+                    self.reason = str(ev.finish_reason)
+                    if ev.usage is not None:
+                        self.usage = ev.usage
+                        # The engine's split of the time to first token, when it gives one.
+                        split = (("queue", ev.usage.queue_ms), ("prefill", ev.usage.prefill_ms))
+                        self.stages = {stage: ms for stage, ms in split if ms is not None}
+                    return
+        except EngineError as exc:
+            log.warning("generation %s failed: %s", prep.request_id, type(exc).__name__)
+            self.reason = "error"
+            self._finished = True
+        finally:
+            if not self._finished:  # the caller went away: free the KV blocks now
+                self.engine.cancel(prep.request_id)
+                aclose = getattr(self._it, "aclose", None)
+                if aclose is not None:
+                    with contextlib.suppress(Exception):
+                        await aclose()
+
+    async def stop(self, reason: str) -> None:
+        """End the generation early (`reason` becomes the finish reason), keeping its usage."""
+        self.reason = reason
+        self.engine.cancel(self.prep.request_id)
+        self.usage = await _usage_after_cancel(self._it, self.usage)
+        self._finished = True
+
+    def timings(self) -> dict[str, float]:
+        prep = self.prep
+        timings = dict(prep.timings_ms)
+        timings.update(self.stages)
+        if self.first_at is not None:
+            timings["first_token"] = round((self.first_at - prep.submitted_at) * 1000.0, 3)
+        timings["generate"] = round((time.perf_counter() - prep.submitted_at) * 1000.0, 3)
+        return timings
+
+
+async def _generated(
+    engine: GenerationBackend, prep: Generating, visible: Visible
+) -> AsyncGenerator[str | Final, None]:
     pieces: list[str] = []
     repeat_at: int | None = None
-    usage = Usage(prep.prompt_tokens, 0, 0)
-    reason = "stop"
-    first_at: float | None = None
-    engine_stages: dict[str, float] = {}
     links = _ImageFilter()
-    it = prep.stream.__aiter__()
-    finished = False
-    try:
-        while True:
-            timeout = None
-            if prep.deadline.bounded:
-                timeout = max(0.0, prep.deadline.remaining_ms() / 1000.0)
-            try:
-                ev = await asyncio.wait_for(it.__anext__(), timeout)
-            except StopAsyncIteration:
-                finished = True
-                break
-            except TimeoutError:
-                reason = "deadline"
-                engine.cancel(prep.request_id)
-                usage = await _usage_after_cancel(it, usage)
-                finished = True
-                break
-            if ev.text:
-                if first_at is None:
-                    first_at = time.perf_counter()
-                shown = links.feed(ev.text)
-                if shown:
-                    pieces.append(shown)
-                    yield shown
-                    if prep.stop_repetition:
-                        repeat_at = repeat_start("".join(pieces))
-                        if repeat_at is not None:
-                            reason = "repetition"
-                            engine.cancel(prep.request_id)
-                            usage = await _usage_after_cancel(it, usage)
-                            finished = True
-                            break
-            if ev.finished:
-                finished = True
-                reason = str(ev.finish_reason)
-                if ev.usage is not None:
-                    usage = ev.usage
-                    # The engine's split of the time to first token, when it gives one.
-                    split = (("queue", usage.queue_ms), ("prefill", usage.prefill_ms))
-                    engine_stages = {stage: ms for stage, ms in split if ms is not None}
-                break
-    except EngineError as exc:
-        log.warning("generation %s failed: %s", prep.request_id, type(exc).__name__)
-        reason = "error"
-        finished = True
-    finally:
-        if not finished:  # the caller went away: free the KV blocks now
-            engine.cancel(prep.request_id)
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+    run = _Run(engine, prep)
+    async with contextlib.aclosing(run.pieces()) as texts:
+        async for text in texts:
+            shown = links.feed(text)
+            if not shown:
+                continue
+            pieces.append(shown)
+            yield shown
+            if prep.stop_repetition:
+                repeat_at = repeat_start("".join(pieces))
+                if repeat_at is not None:
+                    await run.stop("repetition")
+                    break
     tail = links.flush()
     if tail:
         pieces.append(tail)
         yield tail
-    now = time.perf_counter()
-    timings = dict(prep.timings_ms)
-    timings.update(engine_stages)
-    if first_at is not None:
-        timings["first_token"] = round((first_at - prep.submitted_at) * 1000.0, 3)
-    timings["generate"] = round((now - prep.submitted_at) * 1000.0, 3)
+    timings = run.timings()
     streamed = "".join(pieces)
-    if reason == "repetition" and repeat_at is None:  # the engine's stop
+    if run.reason == "repetition" and repeat_at is None:  # the engine's stop
         repeat_at = repeated_tail(streamed)
     answer, repeated = cut(streamed, repeat_at)
     t = time.perf_counter()
     cited, unsupported, echoed = await asyncio.to_thread(_review, prep, answer, visible)
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
-    yield Final(answer, cited, usage, timings, reason, unsupported, echoed, repeated=repeated)
+    yield Final(answer, cited, run.usage, timings, run.reason, unsupported, echoed,
+                repeated=repeated)  # fmt: skip
+
+
+async def _grounded(
+    engine: GenerationBackend, prep: Grounded, visible: Visible
+) -> AsyncGenerator[str | Final, None]:
+    """The quote at once, then the generated sentence once it is complete and checked."""
+    quote = prep.quote.quotes[0]
+    allowed = await asyncio.to_thread(visible, [quote.chunk_id])
+    run = _Run(engine, prep)
+    if quote.chunk_id not in allowed:  # deleted since it was retrieved
+        await run.stop("cancelled")
+        yield NOT_FOUND
+        yield Final(NOT_FOUND, [], run.usage, run.timings(), "no_evidence",
+                    answer_source="refused")  # fmt: skip
+        return
+    shown = f"{quote.text} [1]"
+    prep.timings_ms["first_token"] = round((time.perf_counter() - prep.submitted_at) * 1000, 3)
+    yield shown
+    written = ""
+    end: int | None = None
+    async with contextlib.aclosing(run.pieces()) as texts:
+        async for text in texts:
+            written += text
+            end = first_sentence(written)
+            if end is not None or len(written) > MAX_SENTENCE_CHARS:
+                await run.stop("stop")
+                break
+    if end is None and run.reason == "stop":  # the generator finished: the text is whole
+        end = first_sentence(written, finished=True)
+    # A sentence cut short (max_tokens, the deadline, an error) is never shown.
+    sentence = written[:end].strip() if end is not None else ""
+    checked = (
+        bool(sentence)
+        and run.reason in ("stop", "length")
+        and passes(
+            sentence, question=prep.question, passage=prep.passages[0].text, quote=quote.text
+        )
+    )
+    timings = run.timings()
+    timings["first_token"] = prep.timings_ms["first_token"]
+    spans: tuple[Span, ...] = ((0, len(shown)),)
+    if checked:
+        if not MARKER.search(sentence):
+            sentence = f"{sentence} [1]"
+        yield " " + sentence
+        timings["generated"] = round((time.perf_counter() - prep.submitted_at) * 1000, 3)
+        spans = (*spans, (len(shown) + 1, len(shown) + 1 + len(sentence)))
+        shown = f"{shown} {sentence}"
+    reviewed = Review([(1, spans, False)])
+    cited = citations(prep.passages, reviewed, lambda ids: allowed & set(ids))
+    timings["total"] = round(prep.deadline.elapsed_ms(), 3)
+    reason = run.reason if run.reason in ("deadline", "error") else "stop"
+    yield Final(shown, cited, run.usage, timings, reason, quotes=list(prep.quote.quotes),
+                answer_source="generated" if checked else "quoted")  # fmt: skip
 
 
 def _review(
-    prep: Prepared, answer: str, visible: Visible
+    prep: Generating, answer: str, visible: Visible
 ) -> tuple[list[Citation], list[Span], list[Span]]:
     opts = prep.review
-    reviewed = review(
-        answer, prep.passages, threshold=opts.threshold, instruction=opts.instruction,
-        how=opts.how,
-    )  # fmt: skip
+    reviewed = review(answer, prep.passages, threshold=opts.threshold, instruction=opts.instruction)
     return citations(prep.passages, reviewed, visible), reviewed.unsupported, reviewed.echoed
 
 
-async def _extracted(prep: Prepared, visible: Visible) -> AsyncGenerator[str | Final, None]:
+async def _extracted(prep: Quoted, visible: Visible) -> AsyncGenerator[str | Final, None]:
     """The extractive answer: its text at once, then a Final with its quotes and their
     citations (only those whose chunk the caller may still see)."""
-    assert prep.extracted is not None
     t = time.perf_counter()
     allowed = await asyncio.to_thread(visible, sorted({q.chunk_id for q in prep.extracted.quotes}))
     quotes = [q for q in prep.extracted.quotes if q.chunk_id in allowed]
@@ -276,7 +424,7 @@ async def _extracted(prep: Prepared, visible: Visible) -> AsyncGenerator[str | F
     timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
     yield Final(answer, cited, NO_USAGE, timings, "stop" if quotes else "no_evidence",
-                quotes=quotes)  # fmt: skip
+                quotes=quotes, answer_source="quoted" if quotes else "refused")  # fmt: skip
 
 
 async def collect(services: Services, prep: Prepared) -> Final:

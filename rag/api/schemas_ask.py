@@ -52,6 +52,14 @@ class AskIn(Request):
         "sentences that answer best, quoted with their spans, without the generator. None: "
         "the collection's default (search-defaults), else the service's (RAG_ASK__MODE)",
     )
+    evidence: Literal["auto", "one", "all"] | None = Field(
+        None,
+        description="what the generator sees: one: the passage holding the sentence that "
+        "answers (the answer is that quote, then one generated sentence shown only when it "
+        "agrees with it); all: every passage retrieved (the answer as written, reviewed per "
+        "sentence); auto: one for the bundled engine, all for a remote one. None: the "
+        "service's (RAG_ASK__EVIDENCE)",
+    )
     frequency_penalty: float | None = Field(
         None, ge=-2, le=2, description="OpenAI's, over the answer's tokens; None: RAG_ASK__*"
     )
@@ -137,6 +145,13 @@ class AskOut(BaseModel):
         "| cancelled | error | no_passages (nothing relevant) | no_evidence (the passages lack "
         "the question's names or terms; nothing generated) | not_indexed"
     )
+    answer_source: str = Field(
+        "generated",
+        description="generated: the generator wrote the answer (with evidence one: a checked "
+        "sentence follows the quote); quoted: the answer is sentences of the documents only "
+        "(the extractive mode, or a generated sentence that failed its check); refused: the "
+        "documents do not answer",
+    )
     mode: str = Field("generate", description="generate | extractive")
     unsupported: list[tuple[int, int]] = Field(
         default_factory=list,
@@ -147,7 +162,7 @@ class AskOut(BaseModel):
         default_factory=list, description="sentences of `answer` that repeat the instructions"
     )
     quotes: list[QuoteOut] = Field(
-        default_factory=list, description="extractive mode: the sentences quoted"
+        default_factory=list, description="the sentences quoted (extractive, or evidence one)"
     )
     repeated: tuple[int, int] | None = Field(
         None,

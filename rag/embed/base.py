@@ -17,6 +17,10 @@ class Embedder(Protocol):
     dim: int
     # Content tokens the model reads before it truncates (special tokens excluded).
     max_tokens: int
+    # Whether its cosines say how alike two texts are in meaning (a trained model's do; the
+    # test embedder's hashes do not): the answer path compares the question with candidate
+    # sentences only then.
+    semantic: bool
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Return an array [len(texts), dim] of unit vectors."""

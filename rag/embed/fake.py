@@ -17,6 +17,8 @@ _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 class HashEmbedder:
     """Bag of hashed words: deterministic, instant, and similar texts get similar vectors."""
 
+    semantic = False  # hashes of words: no meaning in their cosines
+
     def __init__(self, dim: int = 384, max_tokens: int = 254) -> None:
         self.dim = dim
         self.max_tokens = max_tokens

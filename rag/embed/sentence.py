@@ -37,6 +37,7 @@ def pick_device(requested: str) -> str:
 class SentenceTransformerEmbedder:
     # Calls with at most this many texts (search queries) go through the query lane.
     QUERY_MAX = 8
+    semantic = True
 
     def __init__(
         self,

@@ -29,6 +29,9 @@ def test_one_tenant_past_its_limit_gets_429_and_others_are_answered(
         sqlite_url, hash_embedder, engine, update={"quota": QuotaSettings(max_concurrent_asks=1)}
     )
     api.services.settings.ask.relevance_threshold = -1.0
+    # Every passage to the generator, the answer streamed as written: the first answer stays
+    # in flight while the others are asked (one passage would stop at its first sentence).
+    api.services.settings.ask.evidence = "all"
     cid_a, cid_b = api.collection(api.a), api.collection(api.b)
     ingest(api, api.a, cid_a, [FACT])
     ingest(api, api.b, cid_b, [FACT])

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rag.answer.evidence import choose
 from rag.answer.extract import extract
 from tests.ask.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
@@ -31,7 +32,9 @@ class P:
 
 def test_extract_quotes_the_best_sentence_and_its_neighbours_with_spans() -> None:
     passages = [P(i, t, f"d{i}") for i, t in enumerate(DOCS)]
-    got = extract("Which radio channel carries storm warnings?", passages, max_sentences=2)
+    choice = choose("Which radio channel carries storm warnings?", passages)
+    assert choice is not None and choice.answerable(0.3)
+    got = extract(passages, choice, max_sentences=2)
     assert [q.marker for q in got.quotes] == [2, 2]  # one passage: the one that answers
     first, second = got.quotes
     assert first.text == "Storm warnings are broadcast on marine radio channel sixteen."
@@ -41,8 +44,30 @@ def test_extract_quotes_the_best_sentence_and_its_neighbours_with_spans() -> Non
         assert p.text[q.start_char - p.start_char : q.end_char - p.start_char] == q.text
     assert got.answer == f"{first.text} [2] {second.text} [2]"
     assert got.support > 0.5
-    # Nothing supports a question about something else: no quote at all.
-    assert extract("Who painted the lighthouse?", passages).quotes == []
+    # One sentence unless asked for more; the word budget leaves out what does not fit.
+    assert [q.text for q in extract(passages, choice).quotes] == [first.text]
+    assert len(extract(passages, choice, max_sentences=2, max_words=10).quotes) == 1
+    # Nothing supports a question about something else: no evidence, so no quote at all.
+    nothing = choose("Who painted the lighthouse?", passages)
+    assert nothing is not None and not nothing.answerable(0.3)
+
+
+def test_the_chosen_sentence_comes_first_then_the_others_in_reading_order() -> None:
+    text = (
+        "The ferry to the island leaves from pier four. Tickets are sold on board. "
+        "The ferry carries forty cars and three hundred passengers."
+    )
+    passages = [P(7, text)]
+    choice = choose("How many cars does the ferry carry?", passages)
+    assert choice is not None and choice.answerable(0.3)
+    got = extract(passages, choice, max_sentences=3)
+    assert [q.text for q in got.quotes] == [
+        "The ferry carries forty cars and three hundred passengers.",  # the answer first
+        "The ferry to the island leaves from pier four.",  # then reading order
+        "Tickets are sold on board.",
+    ]
+    assert [q.start_char - 100 for q in got.quotes] == [text.index(q.text) for q in got.quotes]
+    assert got.quotes[0].score > 0 and got.quotes[1].score == got.quotes[2].score == 0.0
 
 
 def test_extractive_answers_over_ask_and_openai_without_the_generator(
@@ -59,6 +84,7 @@ def test_extractive_answers_over_ask_and_openai_without_the_generator(
 
     def check(final: dict[str, Any], given: list[dict[str, Any]]) -> None:
         assert final["mode"] == "extractive" and final["finish_reason"] == "stop"
+        assert final["answer_source"] == "quoted"
         assert final["quotes"] and final["usage"]["generated_tokens"] == 0
         for q in final["quotes"]:
             # The span is the sentence's place in the document's extracted text.
@@ -93,6 +119,7 @@ def test_extractive_answers_over_ask_and_openai_without_the_generator(
     out = r.json()
     assert "channel sixteen" in out["choices"][0]["message"]["content"]
     assert out["ragserve"]["mode"] == "extractive" and out["ragserve"]["quotes"]
+    assert out["ragserve"]["answer_source"] == "quoted"
     assert [s["cited"] for s in out["sources"]].count(True) == 1
     assert engine.prompts == []  # the generator was never asked
     # A request can still ask for a generated answer.
@@ -102,3 +129,4 @@ def test_extractive_answers_over_ask_and_openai_without_the_generator(
     # Nothing to quote: the same refusal as a generated answer's, without the generator.
     r = api.client.post(url, json={"question": "Who sails to Vrelnia?", "k": 3}, headers=api.a)
     assert r.json()["finish_reason"] == "no_evidence" and r.json()["quotes"] == []
+    assert r.json()["answer_source"] == "refused" and len(engine.prompts) == 1

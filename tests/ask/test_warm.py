@@ -24,7 +24,8 @@ FACTS = [
 def test_a_warmed_collection_answers_its_first_question_from_cached_passages(
     live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any, smollm_engine: Any
 ) -> None:
-    update = {"ask": AskSettings(relevance_threshold=-1.0)}  # all three, every question
+    # All three passages, every question, in one prompt (what a warmed cache serves).
+    update = {"ask": AskSettings(relevance_threshold=-1.0, evidence="all")}
     api = live_api(sqlite_url, minilm, engine=Borrowed(smollm_engine), update=update)
     cid = api.collection(api.a)
     ingest(api, api.a, cid, FACTS)
@@ -41,9 +42,10 @@ def test_a_warmed_collection_answers_its_first_question_from_cached_passages(
     while smollm_engine.metrics().passages.stored < before + len(FACTS):
         assert time.monotonic() < deadline, "the warm-up did not finish"
         time.sleep(0.1)
-    body = {"question": "When does the reading room open?", "k": 3, "max_tokens": 8}
+    body = {"question": "What time does the reading room open?", "k": 3, "max_tokens": 8}
     r = api.client.post(f"/v1/collections/{cid}/ask", json=body, headers=api.a)
     assert r.status_code == 200, r.text
+    assert r.json()["answer_source"] == "generated", r.json()
     usage = r.json()["usage"]
     # Passage 1 follows the system prompt exactly as in its warm prompt (a prefix hit); the
     # other two are copied from the cache.

@@ -269,6 +269,7 @@ def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
         "passages": [p.model_dump() for p in passages_out(prep.passages)],
         "ragserve": {
             "finish_reason": final.finish_reason,
+            "answer_source": final.answer_source,
             "mode": prep.mode,
             "unsupported": final.unsupported,
             "echoed": final.echoed,

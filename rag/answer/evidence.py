@@ -1,0 +1,428 @@
+"""Evidence first: the passage and the part of it that answers a question, or none.
+
+The bundled 135M generator, shown five passages, answers from the wrong one; retrieval
+usually ranks the right one first. So the answer path chooses its evidence before any
+generation, by one score over every sentence and table row of the passages retrieved
+(rag.answer.units):
+
+- the question's content terms the unit holds, each weighted by how rare it is among the
+  passages (a term every passage holds tells nothing); a term its context holds (the heading
+  above it, the document's title, the subject a summary names in its first sentence) counts
+  for most of one, so "It is held in the Uffizi" answers a question about the painting;
+- whether it holds what the question asks for (`Ask`) that the question does not already
+  hold: a number for "how many", a year or date for "when", a name after "by" for "who", a
+  name after "in" for "where";
+- the passage's dense score (retrieval's own judgement, as a prior).
+
+Where the unit states several facts of the kind asked for (a table row; "Starter accounts can
+name 2 support contacts, Business accounts 6 and Enterprise accounts 20"), the answer is the
+part about what the question names: the cell under the column it names, or the clause that
+holds its names. A question is answerable when the unit and its context hold the question's
+names (capitalised words, numbers: what no other passage can stand in for), what it asks for,
+and enough of its terms. The same choice serves the extractive mode, the grounded answer (the
+one passage the generator sees) and the check of what it writes (rag.answer.check).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from rag.answer.cite import STOP, stem, terms
+from rag.answer.units import Unit, units
+
+
+class PassageLike(Protocol):
+    @property
+    def chunk_id(self) -> int: ...
+    @property
+    def document_id(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def start_char(self) -> int: ...
+
+
+class Ask(Enum):
+    """What kind of answer a question wants."""
+
+    PERSON = "person"
+    TIME = "time"
+    NUMBER = "number"
+    PLACE = "place"
+    NAME = "name"  # "which magazine", "what treaty": a name
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How a unit is scored; chosen on half a of the factual sets (bench/answers.py)."""
+
+    context: float = 1.0  # a question term its context holds, against one the unit holds
+    dense: float = 0.5  # the passage's dense score
+    kind: float = 0.5  # the unit holds what the question asks for
+    names: float = 0.1  # the unit itself holds the question's names
+    # The cosine between the question and the unit (with its title and heading), in the
+    # embedding model's space: paraphrases the terms miss ("Which magazine ran it in parts?"
+    # and "serialised in The Russian Messenger"). Only the best `shortlist` units by the
+    # other parts are embedded.
+    similar: float = 1.0
+    shortlist: int = 7  # with the question, one batch of the query encoder
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The evidence for a question among the passages given (index into them)."""
+
+    passage: int
+    span: tuple[int, int]  # the quoted unit's [start, end) in the passage's text
+    score: float
+    share: float  # weighted share of the question's terms in the unit and its context
+    own_share: float  # ... in the unit alone
+    names_found: bool  # the unit and its context hold every one of the question's names
+    kind_found: bool  # the unit holds what the question asks for
+    ask: Ask
+    # The share of the question's own words (not its names, not what the unit's context
+    # says) the unit holds: what the question asks about that the subject does not explain.
+    predicate: float = 1.0
+    similarity: float | None = None  # the unit's cosine with the question, when computed
+    # The part of the unit that answers ([start, end) in the passage's text) and how to say
+    # it, when the unit holds several facts of the kind asked for; else None.
+    focus: tuple[int, int] | None = None
+    focus_text: str = ""
+    # The rest of the passage's units, best first (the extractive mode may quote them).
+    others: tuple[tuple[int, int], ...] = ()
+
+    def answerable(
+        self, min_support: float, min_similarity: float = 0.0, min_predicate: float = 0.0
+    ) -> bool:
+        return (
+            self.names_found
+            and self.kind_found
+            and self.share >= min_support
+            and (self.similarity is None or self.similarity >= min_similarity)
+            and self.predicate >= min_predicate
+        )
+
+
+_WORD = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*", re.UNICODE)
+_NUMBER = re.compile(r"\d")
+_CLOCK = re.compile(r"\b\d{1,2}[:.]\d{2}\b")
+_YEAR = re.compile(r"^(?:1\d{3}|20\d{2}|\d{2,4}s|\d{1,2}(?:st|nd|rd|th))$")
+MONTHS = frozenset(
+    "january february march april may june july august september october november december "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
+)
+WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+NUMBER_WORDS = frozenset(
+    """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+    fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
+    ninety hundred thousand million billion trillion half quarter dozen""".split()
+)
+TIME_WORDS = (
+    MONTHS
+    | WEEKDAYS
+    | frozenset(
+        """century centuries decade bc bce ad ce morning noon evening night midnight dawn
+        daily weekly monthly yearly annually am pm""".split()
+    )
+)
+PLACE_NOUNS = frozenset(
+    """city cities country countries town state states museum museums gallery continent
+    island islands river rivers region province capital place places location office
+    offices mountain mountains sea ocean lake nation county district street port""".split()
+)
+PERSON_NOUNS = frozenset(
+    """author authors writer painter composer artist director founder inventor person
+    people king queen emperor president leader scientist architect poet player producer
+    discoverer contact manager ghostwriter""".split()
+)
+DURATION_UNITS = frozenset(
+    """second seconds minute minutes hour hours day days week weeks month months year years
+    business working""".split()
+)
+_PLACE_BEFORE = frozenset("in at from near to into of on across".split())
+_PERSON_BEFORE = frozenset("by with to for".split())
+
+
+_ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
+    (re.compile(r"\bhow (?:many|much|long|old|far|big|large|tall|high|deep|often|fast|soon)\b"),
+     Ask.NUMBER),
+    (re.compile(r"\b(?:what|which) (?:percentage|number|amount|price|cost|limit|size|value)\b"),
+     Ask.NUMBER),
+    (re.compile(r"\b(?:when|until when|since when|what year|which year|what date|which date)\b"),
+     Ask.TIME),
+    (re.compile(r"\b(?:what|which) (?:time|times|day|days|month|decade|century|weekday)\b"),
+     Ask.TIME),
+    (re.compile(r"\bwho(?:m|se)?\b"), Ask.PERSON),
+    (re.compile(r"\bwhere\b"), Ask.PLACE),
+    (re.compile(r"\b(?:what|which) \w+"), Ask.OTHER),  # by its noun, below
+)  # fmt: skip
+
+
+def ask_of(question: str) -> Ask:
+    """The kind of answer `question` wants, from its first question word ("How old was he
+    when ..." asks for a number, not a time)."""
+    text = " ".join(w.lower() for w in _WORD.findall(question))
+    found = [(m.start(), n, m) for n, (rx, _) in enumerate(_ASKS) if (m := rx.search(text))]
+    if not found:
+        return Ask.OTHER
+    _, n, m = min(found, key=lambda f: (f[0], f[1]))
+    ask = _ASKS[n][1]
+    if ask is not Ask.OTHER:
+        return ask
+    noun = m.group(0).split()[1]
+    if noun in PLACE_NOUNS:
+        return Ask.PLACE
+    if noun in PERSON_NOUNS:
+        return Ask.PERSON
+    if noun in STOP or noun in ("kind", "type", "sort", "is", "are", "was", "were", "does"):
+        return Ask.OTHER
+    return Ask.NAME
+
+
+def question_names(question: str) -> set[str]:
+    """Capitalised words that do not start a sentence, and numbers: what a question is about
+    and no other passage can stand in for ("the capital of Vrelnia", "model X200")."""
+    out = set()
+    first = True
+    for m in _WORD.finditer(question):
+        w = m.group(0)
+        lower = w.lower()
+        named = any(ch.isdigit() for ch in w) or (not first and w[:1].isupper())
+        if named and lower not in STOP:
+            out.add(stem(lower))
+        first = question[m.end() : m.end() + 2].lstrip(" \"'")[:1] in (".", "?", "!", ":")
+    return out
+
+
+def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
+    """Where `text` holds an answer of the kind asked for that the question does not:
+    [start, end) of each word that is one."""
+    words = list(_WORD.finditer(text))
+    out = []
+    for n, m in enumerate(words):
+        w = m.group(0)
+        lower = w.lower()
+        if stem(lower) in asked:
+            continue
+        before = words[n - 1].group(0).lower() if n else ""
+        before2 = words[n - 2].group(0).lower() if n > 1 else ""
+        after = words[n + 1].group(0).lower() if n + 1 < len(words) else ""
+        digit = bool(_NUMBER.search(w))
+        capital = w[:1].isupper() and lower not in STOP and lower not in MONTHS
+        if ask is Ask.NUMBER:
+            hit = digit or lower in NUMBER_WORDS
+        elif ask is Ask.TIME:
+            hit = (
+                bool(_YEAR.match(lower))
+                or lower in TIME_WORDS
+                or bool(_CLOCK.match(w))
+                or ((digit or lower in NUMBER_WORDS) and after in DURATION_UNITS)
+            )
+        elif ask is Ask.PLACE:
+            hit = (
+                capital
+                and n > 0
+                and (
+                    before in _PLACE_BEFORE
+                    or (before == "the" and before2 in _PLACE_BEFORE)
+                    or bool(_NUMBER.match(after))  # a street and its number
+                )
+            )
+        elif ask is Ask.PERSON:
+            nxt = words[n + 1].group(0) if n + 1 < len(words) else ""
+            prev = words[n - 1].group(0) if n else ""
+            # A full name: two capitalised words in a row, not at the sentence's start.
+            hit = (
+                capital
+                and n > 0
+                and (
+                    (nxt[:1].isupper() and nxt.lower() not in STOP)
+                    or (prev[:1].isupper() and n > 1 and prev.lower() not in STOP)
+                )
+            )
+        elif ask is Ask.NAME:
+            hit = (capital and n > 0) or digit or lower in NUMBER_WORDS
+        else:
+            hit = True
+        if hit:
+            out.append((m.start(), m.end()))
+    return out
+
+
+@dataclass
+class _Scored:
+    passage: int
+    unit: Unit
+    score: float
+    share: float
+    own_share: float
+    names: bool
+    kind: bool
+    predicate: float
+    focus: tuple[int, int] | None
+    similarity: float | None
+    focus_text: str
+
+
+def choose(
+    question: str,
+    passages: Sequence[PassageLike],
+    weights: Weights = Weights(),
+    *,
+    dense: Sequence[float] | None = None,
+    titles: Sequence[str] | None = None,
+    similar: Callable[[list[str]], Sequence[float]] | None = None,
+) -> Choice | None:
+    """The best sentence or table row of `passages` for `question` (None when they have
+    none). `dense`: the passages' dense scores (cosines), strongest first as retrieved;
+    `titles`: what names each passage's document (its file name); `similar`: texts -> their
+    cosines with the question (the embedding model), for the shortlist."""
+    wanted = terms(question)
+    names = question_names(question) & wanted if wanted else question_names(question)
+    ask = ask_of(question)
+    held = [terms(p.text) | (terms(_title(titles, i)) if titles else set())
+            for i, p in enumerate(passages)]  # fmt: skip
+    n = len(passages)
+    weight = {t: math.log(1.0 + (n + 1) / (1 + sum(t in h for h in held))) for t in wanted}
+    total = sum(weight.values()) or 1.0
+    best: _Scored | None = None
+    every: list[_Scored] = []
+    for i, p in enumerate(passages):
+        title = terms(_title(titles, i)) if titles else set()
+        prior = dense[i] if dense is not None and i < len(dense) else 0.0
+        for u in units(p.text, starts_document=p.start_char == 0):
+            s = _score(p.text, u, wanted, names, ask, weight, total, title, weights, prior)
+            s.passage = i
+            every.append(s)
+            if best is None or (s.names, s.score) > (best.names, best.score):
+                best = s
+    if best is None:
+        return None
+    if similar is not None and weights.similar:
+        shortlist = sorted(every, key=lambda s: -s.score)[: weights.shortlist]
+        texts = [_described(passages[s.passage].text, s.unit, _title(titles, s.passage))
+                 for s in shortlist]  # fmt: skip
+        for s, cosine in zip(shortlist, similar(texts), strict=True):
+            s.similarity = float(cosine)
+            s.score += weights.similar * s.similarity
+        best = max(shortlist, key=lambda s: (s.names, s.score))
+    others = sorted((s for s in every if s.passage == best.passage and s is not best),
+                    key=lambda s: -s.score)  # fmt: skip
+    return Choice(
+        passage=best.passage, span=best.unit.span, score=round(best.score, 4),
+        share=round(best.share, 4), own_share=round(best.own_share, 4),
+        names_found=best.names, kind_found=best.kind, ask=ask, predicate=round(best.predicate, 4),
+        similarity=None if best.similarity is None else round(best.similarity, 4),
+        focus=best.focus,
+        focus_text=best.focus_text, others=tuple(s.unit.span for s in others),
+    )  # fmt: skip
+
+
+def _described(text: str, u: Unit, title: str) -> str:
+    """A unit as the embedding model sees it: its title and heading, then its text."""
+    head = ". ".join(part for part in (title, u.heading) if part)
+    body = text[u.span[0] : u.span[1]]
+    if u.header:
+        body = "; ".join(f"{h}: {text[a:b]}" for h, (a, b) in zip(u.header, u.cells, strict=False))
+    return f"{head}. {body}" if head else body
+
+
+def _title(titles: Sequence[str] | None, i: int) -> str:
+    if titles is None or i >= len(titles):
+        return ""
+    return titles[i].rsplit(".", 1)[0]
+
+
+def _score(
+    text: str,
+    u: Unit,
+    wanted: set[str],
+    names: set[str],
+    ask: Ask,
+    weight: dict[str, float],
+    total: float,
+    title: set[str],
+    weights: Weights,
+    prior: float,
+) -> _Scored:
+    body = text[u.span[0] : u.span[1]]
+    own = terms(body)
+    context = title | terms(u.heading) | terms(u.subject) | terms(" ".join(u.header))
+    own_share = sum(weight[t] for t in wanted & own) / total
+    share = own_share + weights.context * sum(weight[t] for t in (wanted & context) - own) / total
+    names_in_unit = names <= own
+    names_found = names <= (own | context)
+    focus, focus_text = None, ""
+    if u.cells:
+        cell = _cell(text, u, wanted)
+        found = cell is not None and bool(candidates(text[cell[0] : cell[1]], ask, set()))
+        if cell is not None:
+            focus = cell
+            label = text[u.cells[0][0] : u.cells[0][1]]
+            column = u.header[u.cells.index(cell)] if cell in u.cells else ""
+            focus_text = f"{label}, {column}: {text[cell[0] : cell[1]]}"
+    else:
+        hits = candidates(body, ask, wanted)
+        found = bool(hits)
+        if ask is not Ask.OTHER and len(hits) > 1:
+            clause = _clause(body, hits, wanted, names)
+            if clause is not None:
+                focus = (u.span[0] + clause[0], u.span[0] + clause[1])
+                focus_text = body[clause[0] : clause[1]]
+    score = (
+        share
+        + weights.dense * prior
+        + (weights.kind if found else 0.0)
+        + (weights.names if names and names_in_unit else 0.0)
+    )
+    rest = wanted - names - context
+    predicate = len(rest & own) / len(rest) if rest else 1.0
+    return _Scored(0, u, score, share, own_share, names_found, found, predicate, focus,
+                   None, focus_text)  # fmt: skip
+
+
+def _cell(text: str, u: Unit, wanted: set[str]) -> tuple[int, int] | None:
+    """The cell of row `u` under the column the question names most (the first data column
+    when it names none)."""
+    best, best_hits = None, 0
+    for n, column in enumerate(u.header[1:], start=1):
+        hits = len(terms(column) & wanted)
+        if hits > best_hits:
+            best, best_hits = n, hits
+    if best is None:
+        return u.cells[1] if len(u.cells) == 2 else None
+    return u.cells[best] if best < len(u.cells) else None
+
+
+_CLAUSE_END = re.compile(r"[;\t]\s*|,\s+|\s+(?:and|or|while|whereas|but)\s+")
+
+
+def _clause(
+    body: str, hits: list[tuple[int, int]], wanted: set[str], names: set[str]
+) -> tuple[int, int] | None:
+    """The clause of `body` that holds an answer candidate and most of the question's names,
+    then terms ([start, end) in `body`), when exactly one does best."""
+    bounds = [0]
+    for m in _CLAUSE_END.finditer(body):
+        bounds += [m.start(), m.end()]
+    bounds.append(len(body))
+    clauses = [(bounds[k], bounds[k + 1]) for k in range(0, len(bounds) - 1, 2)]
+    scored = []
+    for s, e in clauses:
+        if e <= s or not any(s <= a < e for a, _ in hits):
+            continue
+        own = terms(body[s:e])
+        scored.append((2 * len(own & names) + len(own & wanted), s, e))
+    if len(scored) < 2:
+        return None
+    scored.sort(reverse=True)
+    if scored[0][0] == 0 or scored[0][0] == scored[1][0]:
+        return None
+    _, s, e = scored[0]
+    return (s, e)

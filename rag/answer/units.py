@@ -1,0 +1,195 @@
+"""What an answer can quote from a passage: its sentences and its table rows, each with the
+words around it that say what it is about.
+
+A document's facts stand in sentences ("It is held in the Uffizi Gallery in Florence.") and
+in tables. Parsed tables come in two shapes: a row a line with cells between tabs (HTML and
+DOCX), or, from a PDF, a cell a line ("City", "Hotel per night", "Meals per day", "Berlin",
+"€180", ...). Both are read back into rows under their header, so "the hotel limit in Munich"
+finds the cell where the Munich row meets the hotel column.
+
+Each unit carries its context: the heading above it (a short line without closing
+punctuation), the document's title (its file name) and, for a passage that starts its
+document, the first sentence (where a summary names its subject: "The Birth of Venus is a
+painting by Botticelli." says what "It is held in the Uffizi" is about).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rag.answer.segment import sentence_spans
+
+Span = tuple[int, int]
+
+# A heading: a short line without closing punctuation, not a table cell.
+HEADING_MAX_WORDS = 8
+# A PDF table's cell: a short line; a run of at least this many is read as a table.
+CELL_MAX_WORDS = 5
+GRID_MIN_LINES = 6
+_DIGIT = re.compile(r"\d")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A sentence or a table row of a passage ([start, end) in its text)."""
+
+    span: Span
+    heading: str = ""  # the heading above it, "" when none
+    # A table row: its cells' spans and the header's cell texts (same length), the first cell
+    # naming the row.
+    cells: tuple[Span, ...] = ()
+    header: tuple[str, ...] = ()
+    first: bool = False  # the first sentence of its passage
+    subject: str = ""  # the passage's first sentence, when the passage starts its document
+
+
+@dataclass
+class _Line:
+    start: int
+    end: int
+    text: str
+    cells: list[Span] = field(default_factory=list)
+
+
+def units(text: str, starts_document: bool = False) -> list[Unit]:
+    """The sentences and table rows of `text`, in reading order."""
+    lines = _lines(text)
+    out: list[Unit] = []
+    heading = ""
+    first_sentence = ""
+    i = 0
+    prose: list[_Line] = []
+
+    def flush() -> None:
+        nonlocal first_sentence
+        if not prose:
+            return
+        s, e = prose[0].start, prose[-1].end
+        for a, b in sentence_spans(text[s:e]):
+            span = (s + a, s + b)
+            if not first_sentence and not out:
+                first_sentence = text[span[0] : span[1]]
+                out.append(Unit(span, heading, first=True))
+            else:
+                out.append(Unit(span, heading, subject=first_sentence if starts_document else ""))
+        prose.clear()
+
+    while i < len(lines):
+        line = lines[i]
+        table = _tab_table(lines, i) or _grid_table(text, lines, i)
+        if table is not None:
+            flush()
+            header, rows, i = table
+            for cells in rows:
+                span = (cells[0][0], cells[-1][1])
+                out.append(Unit(span, heading, tuple(cells), header,
+                                subject=first_sentence if starts_document else ""))  # fmt: skip
+            continue
+        if _is_heading(line.text) and i + 1 < len(lines):
+            flush()
+            heading = line.text.strip()
+            out.append(Unit((line.start, line.end), heading, first=not out))
+            i += 1
+            continue
+        prose.append(line)
+        if not line.text.strip():
+            flush()
+        i += 1
+    flush()
+    return out
+
+
+def _lines(text: str) -> list[_Line]:
+    out = []
+    at = 0
+    for raw in text.splitlines(keepends=True):
+        body = raw.rstrip("\r\n")
+        s = at + (len(body) - len(body.lstrip()))
+        e = at + len(body.rstrip())
+        out.append(_Line(s, max(s, e), text[s : max(s, e)]))
+        at += len(raw)
+    return out
+
+
+def _is_heading(line: str) -> bool:
+    words = line.split()
+    return (
+        0 < len(words) <= HEADING_MAX_WORDS
+        and line.strip()[-1] not in ".!?:;,"
+        and "\t" not in line
+        and not _DIGIT.fullmatch(line.strip())
+    )
+
+
+def _cells(line: _Line) -> list[Span]:
+    out = []
+    at = line.start
+    for part in line.text.split("\t"):
+        stripped = part.strip()
+        if stripped:
+            s = at + part.index(stripped)
+            out.append((s, s + len(stripped)))
+        at += len(part) + 1
+    return out
+
+
+def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
+    """A table of tab-separated rows starting at line i (blank lines between rows allowed):
+    the header's cells, the rows' cell spans, and the line after it."""
+    if "\t" not in lines[i].text:
+        return None
+    head = _cells(lines[i])
+    if len(head) < 2:
+        return None
+    width = len(head)
+    rows: list[list[Span]] = []
+    j = i + 1
+    while j < len(lines):
+        line = lines[j]
+        if not line.text.strip():
+            j += 1
+            continue
+        cells = _cells(line) if "\t" in line.text else []
+        if len(cells) != width:
+            break
+        rows.append(cells)
+        j += 1
+    if not rows:
+        return None
+    text_of = [lines[i].text[s - lines[i].start : e - lines[i].start] for s, e in head]
+    return tuple(text_of), rows, j
+
+
+def _grid_table(
+    text: str, lines: list[_Line], i: int
+) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
+    """A PDF table: a run of short lines, header cells first (no digits), then rows of as
+    many cells whose first names the row and whose others hold numbers."""
+    j = i
+    while j < len(lines) and _short(lines[j].text):
+        j += 1
+    run = lines[i:j]
+    if len(run) < GRID_MIN_LINES:
+        return None
+    digit_at = next((n for n, line in enumerate(run) if _DIGIT.search(line.text)), None)
+    if digit_at is None or digit_at < 2:
+        return None
+    width = digit_at - 1  # the header's cells; the line before the first number names a row
+    if width < 2:
+        return None
+    rows = []
+    for r in range(width, len(run) - width + 1, width):
+        row = run[r : r + width]
+        if _DIGIT.search(row[0].text) or not all(_DIGIT.search(c.text) for c in row[1:]):
+            break
+        rows.append([(c.start, c.end) for c in row])
+    if not rows:
+        return None
+    header = tuple(line.text for line in run[:width])
+    return header, rows, i + width + len(rows) * width
+
+
+def _short(line: str) -> bool:
+    words = line.split()
+    return 0 < len(words) <= CELL_MAX_WORDS and line.strip()[-1] not in ".!?;,"
