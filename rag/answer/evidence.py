@@ -71,6 +71,7 @@ class Weights:
     # and "serialised in The Russian Messenger"). Only the best `shortlist` units by the
     # other parts are embedded.
     similar: float = 1.0
+    predicate: float = 0.3  # the share of the question's own words (past names, context)
     shortlist: int = 7  # with the question, one batch of the query encoder
 
 
@@ -109,7 +110,7 @@ class Choice:
         )
 
 
-_WORD = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*", re.UNICODE)
+_WORD = re.compile(r"[^\W_]+(?:[.:'-][^\W_]+)*", re.UNICODE)  # "09:30" is one word
 _NUMBER = re.compile(r"\d")
 _CLOCK = re.compile(r"\b\d{1,2}[:.]\d{2}\b")
 _YEAR = re.compile(r"^(?:1\d{3}|20\d{2}|\d{2,4}s|\d{1,2}(?:st|nd|rd|th))$")
@@ -117,7 +118,10 @@ MONTHS = frozenset(
     "january february march april may june july august september october november december "
     "jan feb mar apr jun jul aug sep sept oct nov dec".split()
 )
-WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+WEEKDAYS = frozenset(
+    "monday tuesday wednesday thursday friday saturday sunday weekday weekdays weekend weekends"
+    .split()
+)
 NUMBER_WORDS = frozenset(
     """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
     fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
@@ -375,14 +379,15 @@ def _score(
             if clause is not None:
                 focus = (u.span[0] + clause[0], u.span[0] + clause[1])
                 focus_text = body[clause[0] : clause[1]]
+    rest = wanted - names - context
+    predicate = len(rest & own) / len(rest) if rest else 1.0
     score = (
         share
         + weights.dense * prior
         + (weights.kind if found else 0.0)
         + (weights.names if names and names_in_unit else 0.0)
+        + weights.predicate * (predicate if rest else 0.0)
     )
-    rest = wanted - names - context
-    predicate = len(rest & own) / len(rest) if rest else 1.0
     return _Scored(0, u, score, share, own_share, names_found, found, predicate, focus,
                    None, focus_text)  # fmt: skip
 
@@ -418,11 +423,14 @@ def _clause(
         if e <= s or not any(s <= a < e for a, _ in hits):
             continue
         own = terms(body[s:e])
-        scored.append((2 * len(own & names) + len(own & wanted), s, e))
+        scored.append((len(own & names), len(own & wanted), s, e))
     if len(scored) < 2:
         return None
     scored.sort(reverse=True)
+    # Only a name of the question's that one clause holds and no other picks it out ("...,
+    # Business accounts 6 and Enterprise accounts 20"): a subject's name or shared terms do
+    # not make a clause the answer.
     if scored[0][0] == 0 or scored[0][0] == scored[1][0]:
         return None
-    _, s, e = scored[0]
+    _, _, s, e = scored[0]
     return (s, e)

@@ -126,7 +126,8 @@ def test_cross_tenant_questions_never_see_or_cite_the_other_tenant(
     cid_a = api.collection(api.a)
     docs_a = ingest(api, api.a, cid_a, FACTS)
     cid_b = api.collection(api.b)
-    docs_b = ingest(api, api.b, cid_b, ["Tenant b keeps its own notes about ferries."])
+    notes = "Tenant b keeps its notes about ferries in the Harbour Ledger."
+    docs_b = ingest(api, api.b, cid_b, [notes])
     # Another tenant's collection does not exist for b, by id or as an OpenAI model.
     assert _ask(api, api.b, cid_a).status_code == 404
     r = api.client.post(
@@ -135,9 +136,11 @@ def test_cross_tenant_questions_never_see_or_cite_the_other_tenant(
         headers=api.b,
     )
     assert r.status_code == 404
-    question = "Which notes about ferries does the tenant keep?"
+    # A question b's document answers (a place after "in"), so it is not refused as having
+    # no evidence: the passages given and cited are b's alone.
+    question = "Where does tenant b keep its notes about ferries?"
     body = _ask(api, api.b, cid_b, k=10, evidence="all", question=question).json()
-    assert body["finish_reason"] == "stop"
+    assert body["finish_reason"] == "stop" and body["answer_source"] == "generated"
     assert {p["document_id"] for p in body["passages"]} == set(docs_b)
     assert {c["document_id"] for c in body["citations"]} <= set(docs_b)
     assert not set(docs_a) & {c["document_id"] for c in body["citations"]}

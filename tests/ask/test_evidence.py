@@ -182,9 +182,10 @@ def test_choose_picks_the_sentence_further_down_that_answers() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="rag/answer/evidence.py holds_kind: any capitalised word counts as a place, so "
-    "the opening sentence (Pablo Picasso, June) holds the kind too, and wins on the "
-    "question's terms and the opening bonus",
+    reason="rag/answer/evidence.py candidates/_score: 'the Basque town of Guernica' holds a "
+    "place too (a capital after 'of the') and the same share of the question's terms, and "
+    "holds 'Guernica' itself (Weights.names), so it beats the museum sentence, whose "
+    "'Guernica' is its subject's (context)",
 )
 def test_choose_picks_the_museum_sentence_though_it_does_not_say_museum() -> None:
     _, sentence = _choose("In which museum is Guernica?", [GUERNICA])
@@ -209,18 +210,23 @@ def test_choose_refuses_without_the_questions_name_or_what_it_asks_for() -> None
     choice, _ = _choose("Who painted the Mona Lisa?", [GUERNICA, HOBBIT])
     assert not choice.names_found and not choice.answerable(0.0)
     # The book is there, but no sentence holds a number.
-    choice, _ = _choose("How many pages does The Hobbit have?", [HOBBIT])
+    undated = HOBBIT.replace(" in 1937", "")
+    choice, _ = _choose("How many pages does The Hobbit have?", [undated])
     assert choice.names_found and choice.ask is Ask.NUMBER
     assert not choice.kind_found and not choice.answerable(0.0)
+    # A year is a number too: what refuses it is that the sentence says nothing of pages
+    # (its predicate) and, with a semantic embedder, its cosine with the question (below).
+    choice, sentence = _choose("How many pages does The Hobbit have?", [HOBBIT])
+    assert sentence == "It was published in 1937 by George Allen & Unwin."
+    assert choice.kind_found and choice.predicate == 0.0
+    assert not choice.answerable(0.0, min_predicate=0.5)
+    low = choose("How many pages does The Hobbit have?", [P(HOBBIT)],
+                 similar=lambda texts: [0.1] * len(texts))  # fmt: skip
+    assert low is not None and low.similarity == 0.1 and not low.answerable(0.0, 0.45)
     # Nothing to choose from.
     assert choose("Who wrote it?", [P("   ")]) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rag/answer/evidence.py holds_kind: a time of day in words ('at nine every "
-    "morning', 'at noon on Sundays') is not a time, so 'When ...?' is refused",
-)
 def test_a_time_in_words_answers_when() -> None:
     facts = [
         "The ferry to the island leaves from pier four at nine every morning.",
@@ -232,6 +238,68 @@ def test_a_time_in_words_answers_when() -> None:
     ):
         choice, _ = _choose(question, facts)
         assert choice.passage == passage and choice.answerable(0.3), question
+
+
+def test_a_clock_time_answers_when() -> None:
+    choice, _ = _choose(
+        "When does the fish market close?",
+        ["The fish market opens before dawn and closes at 13:30 on Sundays."],
+    )
+    assert choice.kind_found and choice.answerable(0.3)
+    choice, _ = _choose("When does the library open?", ["The library opens at 09:00."])
+    assert choice.kind_found and choice.answerable(0.3)
+
+
+@pytest.mark.slow
+def test_the_embedding_model_refuses_a_year_for_how_many(minilm: Any) -> None:
+    """A year is a number, so "how many" finds one; the cosine with the question (the
+    embedding model's, as the service computes it) is what refuses it at the defaults."""
+    from rag.config import AskSettings
+
+    settings = AskSettings()
+
+    def choice(question: str, texts: list[str], titles: list[str]) -> Choice:
+        def similar(units: list[str]) -> list[float]:
+            vectors = minilm.embed([question, *units])
+            return [float(v) for v in vectors[1:] @ vectors[0]]
+
+        got = choose(question, [P(t, i) for i, t in enumerate(texts)], titles=titles,
+                     similar=similar)  # fmt: skip
+        assert got is not None and got.similarity is not None
+        return got
+
+    for question, texts in (
+        ("How many pages does The Hobbit have?", [HOBBIT]),
+        ("How many reels does Gone with the Wind have?", DOCS),
+    ):
+        got = choice(question, texts, [f"doc{i}.txt" for i in range(len(texts))])
+        assert got.kind_found and got.names_found
+        assert not got.answerable(settings.min_support, settings.min_similarity), question
+    got = choice(PRODUCER, DOCS, ["doc0.txt", "doc1.txt", "doc2.txt"])
+    assert got.answerable(settings.min_support, settings.min_similarity)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit: the text embedded for a unit holds its title and heading, not the "
+    "summary's first sentence; adding it was measured to lower correctness on the dev half "
+    "(bench/answers.py), so a subject the file name does not name can leave a correct "
+    "sentence below min_similarity",
+)
+def test_the_embedding_model_sees_the_subject_a_sentence_inherits(minilm: Any) -> None:
+    from rag.config import AskSettings
+
+    settings = AskSettings()
+    question = "When was The Hobbit published?"
+
+    def similar(units: list[str]) -> list[float]:
+        vectors = minilm.embed([question, *units])
+        return [float(v) for v in vectors[1:] @ vectors[0]]
+
+    got = choose(question, [P(HOBBIT)], titles=["doc0.txt"], similar=similar)
+    assert got is not None and HOBBIT[got.span[0] : got.span[1]].startswith("It was published")
+    assert got.answerable(settings.min_support, settings.min_similarity)
 
 
 # ---------------------------------------------------------------- the check
@@ -271,14 +339,19 @@ def test_check_rejects_names_numbers_and_hedges_the_quote_does_not_hold() -> Non
     assert len("and so on, " * 50) > MAX_SENTENCE_CHARS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rag/answer/check.py _key skips a sentence's first word, so a wrong name that "
-    "opens the sentence is never checked",
-)
 def test_check_rejects_a_wrong_name_that_opens_the_sentence() -> None:
     assert not _passes("Fleming produced Gone with the Wind.")
     assert not _passes("Smith produced it.")
+    # The right name opening it, or a function word, still passes.
+    assert _passes("Selznick produced Gone with the Wind.")
+    assert _passes("It was produced by Selznick.")
+
+
+def test_check_rejects_links_and_images() -> None:
+    assert not _passes("David O. Selznick produced it, see [his page](http://x.example/s).")
+    assert not _passes("David O. Selznick produced it ![x](http://evil.example/p.png).")
+    assert not _passes("David O. Selznick produced it (www.example.com).")
+    assert not _passes("David O. Selznick produced it <img src=x>.")
 
 
 def test_first_sentence_ends_after_the_full_stop_not_at_an_initial() -> None:
@@ -292,7 +365,13 @@ def test_first_sentence_ends_after_the_full_stop_not_at_an_initial() -> None:
     # Markers after the full stop close the sentence; a line break ends one too.
     assert first_sentence("Selznick did [1]. Then") == len("Selznick did [1].")
     assert first_sentence("Selznick did. [1, 2] Then") == len("Selznick did. [1, 2]")
-    assert first_sentence("Selznick did\nThen") == len("Selznick did\n")
+    assert first_sentence("Selznick did\nThen") == len("Selznick did")
+    # The last sentence so far may still be being written, until the text is finished.
+    assert first_sentence("Selznick did") is None
+    assert first_sentence("Selznick did", finished=True) == len("Selznick did")
+    assert first_sentence("Selznick did. [1]", finished=True) == len("Selznick did. [1]")
+    assert first_sentence("C. S. Lewis wrote", finished=True) == len("C. S. Lewis wrote")
+    assert first_sentence("", finished=True) is None and first_sentence("  ", finished=True) is None
 
 
 # ---------------------------------------------------------------- through the app
@@ -423,11 +502,6 @@ def test_a_sentence_cut_at_the_deadline_is_not_shown(
     assert body["timings_ms"]["total"] < 2000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rag/answer/generate.py _grounded shows a sentence the token limit cut (finish "
-    "reason length, no full stop) as if it were complete",
-)
 def test_a_sentence_cut_by_the_token_limit_is_not_shown(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
 ) -> None:
@@ -438,11 +512,6 @@ def test_a_sentence_cut_by_the_token_limit_is_not_shown(
     assert body["answer"] == f"{QUOTE} [1]" and body["answer_source"] == "quoted"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rag/answer/generate.py _grounded does not neutralise markdown images as the "
-    "streamed path does (_ImageFilter), and check.passes lets a link through",
-)
 def test_the_checked_sentence_never_renders_an_outside_image(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
 ) -> None:
@@ -450,14 +519,10 @@ def test_the_checked_sentence_never_renders_an_outside_image(
     api, _, cid, _ = _film(make_api, sqlite_url, hash_embedder, answer)
     body = _ask(api, cid).json()
     assert "![" not in body["answer"] and "evil.example" not in body["answer"]
+    # The sentence is held back whole: the answer is the quote alone.
+    assert body["answer"] == f"{QUOTE} [1]" and body["answer_source"] == "quoted"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the quote is the document's sentence verbatim (rag/answer/extract.py extract, "
-    "streamed by generate.py _grounded and _extracted): a markdown image in a document "
-    "reaches the answer; the prompt neutralises it, the quote does not",
-)
 @pytest.mark.parametrize("mode", ["generate", "extractive"])
 def test_a_quote_never_renders_an_outside_image(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any, mode: str
@@ -471,8 +536,11 @@ def test_a_quote_never_renders_an_outside_image(
     ingest(api, api.a, cid, [evil, DOCS[1]])
     events = parse_sse(_ask(api, cid, question="Which pixel should I visit?", mode=mode,
                             stream=True).text)  # fmt: skip
-    assert events[-1][1]["answer_source"] != "refused"
-    for text in [*_tokens(events), events[-1][1]["answer"]]:
+    final = events[-1][1]
+    assert final["answer_source"] != "refused"
+    # The quote is the image's sentence, the image named but not rendered.
+    assert final["answer"].startswith("(image: pixel) Visit the pixel gallery. [1]")
+    for text in [*_tokens(events), final["answer"], *(q["text"] for q in final["quotes"])]:
         assert "![" not in text and "evil.example" not in text
 
 
@@ -480,7 +548,8 @@ def test_a_question_without_evidence_is_refused_without_the_generator(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
 ) -> None:
     api, engine, cid, _ = _film(make_api, sqlite_url, hash_embedder, "Curtiz produced it.")
-    for question in ("Who produced Casablanca?", "How many reels does Gone with the Wind have?"):
+    # Casablanca is in no passage; the storm passage says on which channel, not by whom.
+    for question in ("Who produced Casablanca?", "Who broadcasts the storm warnings?"):
         events = parse_sse(_ask(api, cid, question=question, stream=True).text)
         assert [n for n, _ in events] == ["passages", "token", "final"]
         assert events[0][1]["passages"] == [] and _tokens(events) == [NOT_FOUND]
