@@ -21,6 +21,8 @@ from rag.db.models import Chunk, Document
 from rag.errors import Invalid
 
 MetaValue = str | int | float | bool
+# Ids per IN list (SQLite allows 32766 bound values in one statement).
+_IN_BATCH = 5000
 
 # Only what a passage shows: the chunk's vector stays in the database. Built once: every
 # search runs it, and building a statement costs more than running it on SQLite.
@@ -162,6 +164,53 @@ def live_vectors(
             rows = []
     if rows:
         yield vector_codec.decode_rows(rows, dim)
+
+
+def live_among(conn: Connection, collection_id: str, ids: Sequence[int]) -> set[int]:
+    """The ids among `ids` whose chunk is in the record and its document not tombstoned."""
+    out: set[int] = set()
+    wanted = [int(i) for i in ids]
+    for start in range(0, len(wanted), _IN_BATCH):
+        rows = conn.execute(
+            select(Chunk.id)
+            .join(Document, Document.id == Chunk.document_id)
+            .where(
+                Chunk.id.in_(wanted[start : start + _IN_BATCH]),
+                Chunk.collection_id == collection_id,
+                Document.deleted_at.is_(None),
+            )
+        )
+        out.update(int(chunk_id) for (chunk_id,) in rows)
+    return out
+
+
+def live_ids(session: Session, collection_id: str, model_id: str) -> npt.NDArray[np.int64]:
+    """Every id an index of the collection embedded with `model_id` should hold, sorted."""
+    stmt = (
+        select(Chunk.id)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.collection_id == collection_id,
+            Document.deleted_at.is_(None),
+            Chunk.embedding_model == model_id,
+        )
+        .order_by(Chunk.id)
+    )
+    return np.fromiter((int(i) for i in session.scalars(stmt)), dtype=np.int64)
+
+
+def live_count(session: Session, collection_id: str, model_id: str) -> int:
+    """How many vectors an index of the collection embedded with `model_id` should hold."""
+    stmt = (
+        select(func.count(Chunk.id))
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.collection_id == collection_id,
+            Document.deleted_at.is_(None),
+            Chunk.embedding_model == model_id,
+        )
+    )
+    return int(session.scalar(stmt) or 0)
 
 
 def vectors_of(

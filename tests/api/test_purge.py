@@ -301,3 +301,34 @@ def test_purgers_in_several_processes_share_the_work(api: Api) -> None:
         db.dispose()
     assert errors == [] and sum(erased) == 6
     assert all(_rows_of(api, doc)["documents"] == 0 for doc in docs)
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "faiss_flat"])
+def test_a_document_uploaded_after_a_delete_and_a_purge_stays_in_the_index(
+    make_api: Callable[..., Api], sqlite_url: str, kind: str
+) -> None:
+    """Issue 31: SQLite handed the purged (highest) chunk ids out again, and the index purge
+    then erased every id with a "remove" entry, the new document's included."""
+    api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
+    cid = api.collection(api.a, index={"kind": kind})
+    kept = _indexed(api, api.a, cid, KEPT)
+    doomed = _indexed(api, api.a, cid, SECRET)
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "tides"}, headers=api.a)
+    with api.services.db.read() as s:
+        old_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == doomed)))
+        old_seq = int(s.scalar(select(func.max(ChangeLog.seq))) or 0)
+    assert api.client.delete(f"/v1/documents/{doomed}", headers=api.a).status_code == 204
+    _purge(api)
+    new = _indexed(api, api.a, cid, ["lagoonpelicanqz"])
+    _purge(api)
+    with api.services.db.read() as s:
+        new_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == new)))
+        kept_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == kept)))
+        new_seqs = set(s.scalars(select(ChangeLog.seq).where(ChangeLog.document_id == new)))
+    assert min(new_ids) > max(old_ids)  # ids are never handed out twice
+    assert min(new_seqs) > old_seq
+    api.services.indexes.catch_up(cid)
+    assert set(api.services.indexes.get(cid).ids().tolist()) == kept_ids | new_ids
+    api.services.indexes.snapshot(cid)
+    api.services.indexes.forget(cid)  # the next open loads the snapshot
+    assert set(api.services.indexes.get(cid).ids().tolist()) == kept_ids | new_ids
