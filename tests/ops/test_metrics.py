@@ -75,6 +75,22 @@ def test_metrics_parse_and_counters_move(api: Api) -> None:
     assert not any(key[0].startswith("rag_engine") for key in after)
 
 
+def test_an_index_that_lost_vectors_shows_in_the_mismatch_gauge(sqlite_api: Api) -> None:
+    api = sqlite_api
+    cid = api.collection(api.a, index={"kind": "hnsw"})
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    index = api.services.indexes.get(cid)
+    index.erase(index.ids())
+    api.services.indexes.check_counts()
+    after = _scrape(api.client)
+    assert _value(after, "rag_index_mismatch", collection=cid, kind="hnsw") == 1
+    assert len(api.services.indexes.get(cid)) == 1  # repaired
+    api.services.indexes.check_counts()
+    assert _value(_scrape(api.client), "rag_index_mismatch", collection=cid, kind="hnsw") == 0
+
+
 def test_unmatched_paths_share_one_label(sqlite_api: Api) -> None:
     api = sqlite_api
     for i in range(3):
