@@ -117,7 +117,7 @@ class FlakyEmbedder(HashEmbedder):
         super().__init__()
         self.failures = failures
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    def embed(self, texts: Sequence[str], deadline: object = None) -> npt.NDArray[np.float32]:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("transient embedding fault")
