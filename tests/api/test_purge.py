@@ -332,3 +332,36 @@ def test_a_document_uploaded_after_a_delete_and_a_purge_stays_in_the_index(
     api.services.indexes.snapshot(cid)
     api.services.indexes.forget(cid)  # the next open loads the snapshot
     assert set(api.services.indexes.get(cid).ids().tolist()) == kept_ids | new_ids
+
+
+def test_reclaim_never_waits_for_a_reader_holding_the_write_lock(api: Api) -> None:
+    """Issue 31: the WAL checkpoint (TRUNCATE) waited up to the 60 s busy timeout for a long
+    reader (an index rebuild) while holding the write lock: every upload stalled. It gives up
+    at once and truncates on a later round."""
+    import sqlite3
+    import threading
+
+    from rag.db.purge import reclaim
+
+    db = api.services.db
+    if not db.is_sqlite:
+        pytest.skip("a SQLite WAL")
+    cid = api.collection(api.a)
+    _indexed(api, api.a, cid, KEPT)
+    reader = sqlite3.connect(db.url.database or "", check_same_thread=False)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM chunks").fetchone()  # a long read, as a rebuild's
+        _indexed(api, api.a, cid, SECRET)  # frames the reader's snapshot does not see
+        outcome: list[bool] = []
+        worker = threading.Thread(target=lambda: outcome.append(reclaim(db)))
+        t0 = time.monotonic()
+        worker.start()
+        worker.join(5)
+        assert not worker.is_alive(), "the checkpoint waited for the reader"
+        assert outcome == [False] and time.monotonic() - t0 < 5
+        _indexed(api, api.a, cid, ["lagoonpelicanqz"])  # writers go on meanwhile
+    finally:
+        reader.rollback()
+        reader.close()
+    assert reclaim(db)  # the reader gone, the next round truncates
