@@ -273,6 +273,8 @@ class MetricsSettings(_Section):
     enabled: bool = True
     # /metrics needs an admin key unless this is set (for a scraper on a private network).
     public: bool = False
+    # /readyz answers from a result this recent (a probe from anyone costs no query then).
+    readyz_cache_s: float = Field(default=2.0, ge=0)
 
 
 class Settings(BaseSettings):

@@ -204,6 +204,11 @@ class Engine:
         if blocks:
             logger.info("prefix cache: dropped %d blocks of deleted chunks", blocks)
 
+    def step_alive(self) -> bool:
+        """True unless the step thread was started and has ended without being stopped."""
+        thread = self._thread
+        return thread is None or thread.is_alive() or self._stopping
+
     def close(self) -> None:
         with self._cv:
             self._stopping = True

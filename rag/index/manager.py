@@ -431,6 +431,7 @@ class IndexManager:
                 collection_id, live.index, live.watermark
             )
             live.changes_since_snapshot += count
+            live.caught_up_at = time.monotonic()
         return live
 
     # ------------------------------------------------------------------------ rebuilding
