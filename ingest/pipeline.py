@@ -96,7 +96,8 @@ class Pipeline:
         still_ours()
         max_tokens = min(inp.chunk_tokens, self.embedder.max_tokens)
         overlap = min(inp.chunk_overlap, max_tokens // 2)
-        spans = chunk_text(text, self.embedder.token_spans, max_tokens, overlap)
+        max_chars = max_tokens * self.settings.chunk_chars_per_token
+        spans = chunk_text(text, self.embedder.token_spans, max_tokens, overlap, max_chars)
         if not spans:
             raise PermanentFailure("the document contains no text")
         rows = [ChunkRow(s.ordinal, s.text, s.start_char, s.end_char, s.token_count) for s in spans]

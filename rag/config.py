@@ -59,6 +59,9 @@ class IngestSettings(_Section):
     max_text_chars: int = Field(5_000_000, ge=1)
     chunk_tokens: int = Field(200, ge=16, le=512)
     chunk_overlap: int = Field(32, ge=0, le=256)
+    # Chunks are bounded in characters too, at this many a token: one token can be any
+    # length (a 300,000-character word is one [UNK]). English runs ~4.5 a token.
+    chunk_chars_per_token: int = Field(10, ge=4, le=100)
     # Parsing runs in a child process under these limits.
     parse_timeout_s: float = Field(60.0, gt=0)
     parse_memory_mb: int = Field(1024, ge=64)

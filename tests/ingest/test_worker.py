@@ -379,3 +379,15 @@ def test_worker_threads_run_at_a_lower_priority(db: Database) -> None:
     thread.join(10)
     assert seen == [min(19, before + 7)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # not ours
+
+
+def test_a_one_token_word_is_chunked_within_the_character_bound(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    _upload(db, cid, "Before it. " + "x" * 300_000 + " after it.")
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    assert worker.run_once()
+    with db.read() as s:
+        lengths = [len(t) for t in s.scalars(select(Chunk.text))]
+    assert lengths and max(lengths) <= 64 * SETTINGS.chunk_chars_per_token
+
