@@ -391,3 +391,18 @@ def test_a_one_token_word_is_chunked_within_the_character_bound(db: Database) ->
         lengths = [len(t) for t in s.scalars(select(Chunk.text))]
     assert lengths and max(lengths) <= 64 * SETTINGS.chunk_chars_per_token
 
+
+@pytest.mark.timeout(60)
+def test_markdown_is_parsed_under_the_time_limit() -> None:
+    """Markdown was parsed in the worker's (the API's) own process with no time limit:
+    a few MB of `[` held a core for over a minute. It now runs where the other parsers do."""
+    from ingest.pipeline import PermanentFailure
+    from rag.upload.detect import MARKDOWN
+
+    settings = IngestSettings(parse_timeout_s=0.5)
+    pipeline = Pipeline(None, HashEmbedder(), settings)  # type: ignore[arg-type]
+    started = time.monotonic()
+    with pytest.raises(PermanentFailure, match="timed out"):
+        pipeline.parse(b"[" * 3_000_000, MARKDOWN)
+    assert time.monotonic() - started < 10
+    assert pipeline.parse(b"# Title\n\nSome [link](x).\n", MARKDOWN).startswith("# Title")
