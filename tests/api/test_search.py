@@ -230,3 +230,24 @@ def test_keyword_side_ignores_stopwords(api: Api) -> None:
             sql("SELECT document_id FROM chunks WHERE id = :id"), {"id": hits[0][0]}
         ).scalar_one()
     assert chunk_doc == docs[0]
+
+
+def test_keyword_scores_do_not_move_when_another_tenant_ingests(api: Api) -> None:
+    """BM25's statistics (document count, lengths, how many documents hold a word) are the
+    collection's own: another tenant ingesting the same words changes nothing a tenant sees.
+    (One shared FTS5 table made bm25() a signal of what other tenants hold.)"""
+    ca = api.collection(api.a)
+    _ingest(api, api.a, ca, FACTS)
+    query = {"query": "ferry harbour lighthouse radio", "k": 6, "hybrid": 0.5, "exact": True}
+
+    def scores() -> list[tuple[str, float | None, float]]:
+        out = _search(api, api.a, ca, **query)
+        return [(p["chunk_id"], p["keyword_score"], p["score"]) for p in out["passages"]]
+
+    before = scores()
+    assert any(kw for _, kw, _ in before)
+    cb = api.collection(api.b)
+    _ingest(api, api.b, cb, ["ferry " * 30, "harbour harbour lighthouse", "radio " + FACTS[0]])
+    other = api.collection(api.a, name="other")  # the tenant's other collection, too
+    _ingest(api, api.a, other, ["lighthouse radio ferry"] * 3)
+    assert scores() == before
