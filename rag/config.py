@@ -167,6 +167,9 @@ class AskSettings(_Section):
     # may use; generation gets the rest.
     default_budget_ms: float | None = Field(None, gt=0)
     retrieve_share: float = Field(0.3, gt=0, lt=1)
+    # The most of the passage cache one warm-up (POST .../warm) may fill; a warm-up only ever
+    # fills free room, never evicting what is cached (another tenant's passages included).
+    warm_max_share: float = Field(0.25, gt=0, le=1)
 
     # Grounded answers: defaults chosen by measurement with the bundled 135M model
     # (bench/answers.py, table in bench/README.md); `legacy()` is the behaviour before them.
