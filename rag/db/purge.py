@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import delete, exists, func, insert, literal, select, text
+from sqlalchemy import delete, exists, func, insert, literal, select
 from sqlalchemy.orm import Session
 
+from rag.db import fulltext
 from rag.db.locks import lock_collection
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
 from rag.db.session import BUSY_TIMEOUT_MS, Database
@@ -83,6 +84,7 @@ def purge_documents(db: Database, limit: int) -> list[Purged]:
         session.execute(
             delete(ChangeLog).where(ChangeLog.document_id.in_(doc_ids), ChangeLog.op == "add")
         )
+        fulltext.remove_documents(session, doc_ids)
         session.execute(delete(Chunk).where(Chunk.document_id.in_(doc_ids)))
         session.execute(delete(IngestJob).where(IngestJob.document_id.in_(doc_ids)))
         session.execute(delete(Document).where(Document.id.in_(doc_ids)))
@@ -120,6 +122,7 @@ def purge_collections(db: Database) -> list[str]:
             )
         )
         if ids:
+            fulltext.drop_collections(session, ids)
             session.execute(delete(Collection).where(Collection.id.in_(ids)))
         return ids
 
@@ -148,9 +151,9 @@ def reclaim(db: Database, *, full_vacuum: bool = False, convert: bool = True) ->
 
 def _reclaim_sqlite(db: Database, *, convert: bool) -> bool:
     with db.write() as session:
-        # External-content FTS5 keeps a deleted row's terms in its segments until they are
+        # A contentless FTS5 table keeps a deleted row's terms in its segments until they are
         # merged; one merge of everything leaves none (secure_delete zeroes the old pages).
-        session.execute(text("INSERT INTO chunks_fts(chunks_fts) VALUES ('optimize')"))
+        fulltext.optimize(session)
     with db.engine.connect() as conn:
         raw = conn.connection.dbapi_connection
         assert raw is not None

@@ -169,6 +169,7 @@ class Engine:
             stored=stats.stored, reused_tokens=stats.reused_tokens,
             recomputed_tokens=s.num_recomputed_tokens, entries=len(self.passages),
             bytes=self.passages.used_bytes, capacity_bytes=self.passages.capacity_bytes,
+            token_bytes=stats.token_bytes,
         )  # fmt: skip
 
     def drop_chunks(self, chunk_ids: set[int], timeout_s: float = 30.0) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select, text
 
+from rag.db import fulltext
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob
 from rag.embed import HashEmbedder
 from rag.purge import Removed
@@ -95,9 +96,12 @@ def test_deleted_document_leaves_no_bytes_in_any_file(
     }
     with api.services.db.read() as s:
         blobs = s.scalar(select(func.count()).select_from(Blob))
-        fts = s.execute(
-            text("SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH :q"), {"q": SECRET[0]}
-        ).scalar()
+        fts = sum(
+            s.execute(
+                text(f"SELECT count(*) FROM {t} WHERE {t} MATCH :q"), {"q": SECRET[0]}
+            ).scalar_one()
+            for t in fulltext.tables(s)
+        )
     assert blobs == 1 and fts == 0
     index = api.services.indexes.get(cid)
     with api.services.db.read() as s:

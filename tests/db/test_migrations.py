@@ -126,6 +126,14 @@ def test_blobs_become_per_tenant_and_nothing_else_moves(db_url: str) -> None:
             assert conn.execute(text("SELECT count(*) FROM documents")).scalar() == 2
             assert conn.execute(text("SELECT count(*) FROM chunks")).scalar() == 2
             assert conn.execute(text("SELECT count(*) FROM ingest_jobs")).scalar() == 2
+        # 0008: each collection's chunks are in its own full-text table (SQLite).
+        from sqlalchemy.orm import Session
+
+        from rag.db.fulltext import keyword_search
+
+        with Session(db.engine) as session:
+            hits = {c: keyword_search(session, c, "x", 5) for c in ("cta", "ctb")}
+        assert all(len(h) == 1 for h in hits.values()) and hits["cta"] != hits["ctb"]
         # The documents' foreign key now names their own tenant's copy.
         with pytest.raises(IntegrityError), db.engine.begin() as conn:
             conn.execute(text("DELETE FROM blobs WHERE tenant_id = 'ta'"))
