@@ -188,7 +188,7 @@ def test_ids_purged_before_0008_are_never_handed_out_again(db_url: str) -> None:
             # Chunk 2 and the seqs up to 3 were handed out; the purge left only the remove.
             conn.execute(text(entry), {"s": 1, "op": "add", "i": 1})
             conn.execute(text(entry), {"s": 3, "op": "remove", "i": 2})
-        upgrade(db)
+        upgrade(db, "0008")
         with db.engine.begin() as conn:
             conn.execute(
                 text(
