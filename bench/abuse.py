@@ -15,12 +15,17 @@ Per phase: honest requests that failed (any non-2xx, 429 included, and a /readyz
 200), honest p99 against the baseline's (search and ask apart; the ratio is the worse), server
 errors (5xx to anyone), and the API process's peak memory over its idle memory. Last, the
 purge: a document is deleted and the data dir's files are searched for its words and vector
-bytes (tests/support/leftovers.py) until the purge has run. Ends with
+bytes (tests/support/leftovers.py) until the purge has run. A heartbeat asks /healthz every
+10 ms: its slowest answer in a phase is how long the event loop stalled. In the keyword phase
+the honest tenant's keyword scores for a few queries are taken before and after the attacker
+ingests the same words. Ends with
 
     FIGURE honest_failures <n>       summed over the attack phases
     FIGURE honest_p99_ratio <x>      the worst phase
     FIGURE server_errors <n>         every phase, every client
     FIGURE purge_leftovers <n>       bytes of the deleted document still found (nan: no purge)
+    FIGURE loop_stall_max_ms <x>     the slowest /healthz over the attack phases
+    FIGURE cross_tenant_signal <n>   honest keyword scores that moved with another's ingest
 """
 
 from __future__ import annotations
@@ -219,6 +224,8 @@ class Phase:
     server_errors: int = 0
     hostile: Counter[int] = field(default_factory=Counter)
     peak_rss: int = 0
+    loop_stall_ms: float = 0.0  # the slowest /healthz of the phase
+    signal: int = 0  # honest keyword scores another tenant's ingest moved
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def honest(self, kind: str, status: int, seconds: float) -> None:
@@ -256,6 +263,7 @@ class Load:
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
                         for i in range(8)]  # fmt: skip
         self.threads.append(threading.Thread(target=self._probe, daemon=True))
+        self.threads.append(threading.Thread(target=self._heartbeat, daemon=True))
 
     def start(self) -> None:
         for t in self.threads:
@@ -303,6 +311,21 @@ class Load:
                     with phase.lock:
                         phase.honest_failed[f"readyz {status}"] += 1
 
+    def _heartbeat(self) -> None:
+        """/healthz every 10 ms: a tiny request the event loop answers at once, so its
+        slowest answer is the longest the loop stalled (a regex or parser holding the GIL)."""
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.wait(0.01):
+                phase = self.phase
+                if phase is None:
+                    continue
+                t0 = time.perf_counter()
+                with contextlib.suppress(httpx.HTTPError):
+                    client.get("/healthz")
+                ms = (time.perf_counter() - t0) * 1000
+                with phase.lock:
+                    phase.loop_stall_ms = max(phase.loop_stall_ms, ms)
+
 
 # ---------------------------------------------------------------- the attacks
 
@@ -316,6 +339,7 @@ class Hostile:
     job_id: str  # a job of its own
     until: float
     phase: Phase
+    observer: httpx.Client | None = None  # the honest tenant's own client, to compare scores
 
     def live(self) -> bool:
         return time.monotonic() < self.until
@@ -485,6 +509,83 @@ def upload_flood(h: Hostile) -> None:
     h.repeat(40, lambda: h.send("POST", f"/v1/collections/{h.cid}/documents", json=docs))
 
 
+def _multipart(h: Hostile, files: list[tuple[str, bytes, str]]) -> int:
+    parts = [("files", (name, data, kind)) for name, data, kind in files]
+    return h.send("POST", f"/v1/collections/{h.cid}/documents", files=parts)
+
+
+def bracket_runs(h: Hostile) -> None:
+    # 64 KiB of `[` sniffed as text (the markdown hint backtracked: 15 s each, holding the
+    # GIL), 100 files a request; then markdown itself, parsed under the child's limits.
+    runs = b"[" * 65_536
+    h.repeat(5, lambda: _multipart(h, [(f"r{i}.txt", runs, "application/octet-stream")
+                                       for i in range(100)]))  # fmt: skip
+    h.repeat(2, lambda: _multipart(h, [("runs.md", b"[" * (1 << 20), "text/markdown")]))
+
+
+def hostile_text(h: Hostile) -> None:
+    # A 300,000-character word (one [UNK] token: one chunk, bounded only in tokens) and runs
+    # the prompt's neutralising patterns backtracked on; then questions that quote them.
+    text = ("x" * 300_000 + " " + "[" * 20_000 + " " + "![a](" * 4_000 + "\n" * 40_000
+            + " " + "</passage" * 2_000)  # fmt: skip
+    r = h.client.post(f"/v1/collections/{h.cid}/documents", json={"text": text})
+    h.phase.attacker(r.status_code)
+    h.repeat(20, lambda: ask(h, question="what does the passage say?", max_tokens=4))
+
+
+def zip64_docx(h: Hostile) -> None:
+    # A classic end record declaring 1 entry, and a ZIP64 record (which zipfile prefers)
+    # giving the 20,003 the directory holds.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        names = ["[Content_Types].xml", "_rels/.rels", "word/document.xml"]
+        for name in names + [f"word/media/{i}.xml" for i in range(20_000)]:
+            z.writestr(name, "")
+    data = buf.getvalue()
+    at = data.rfind(b"PK\x05\x06")
+    _total, size, offset = struct.unpack_from("<HII", data, at + 10)
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, 20_003, 20_003,
+                         size, offset)  # fmt: skip
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, at, 1)
+    end = bytearray(data[at:])
+    struct.pack_into("<HHI", end, 8, 1, 1, len(record) + len(locator))
+    crafted = data[:at] + record + locator + bytes(end)
+    h.repeat(50, lambda: _multipart(h, [("memo.docx", crafted, "application/octet-stream")]))
+
+
+KEYWORD_QUERIES = ["history of the city", "river and mountains", "war and the empire"]
+
+
+def _keyword_scores(h: Hostile) -> list[list[tuple[int, float | None]]]:
+    assert h.observer is not None
+    out = []
+    for q in KEYWORD_QUERIES:
+        body = {"query": q, "k": 10, "hybrid": 0.5, "exact": True}
+        r = h.observer.post(f"/v1/collections/{h.honest_cid}/search", json=body)
+        passages = r.json()["passages"] if r.status_code == 200 else []
+        out.append([(p["chunk_id"], p["keyword_score"]) for p in passages])
+    return out
+
+
+def keyword_signal(h: Hostile) -> None:
+    # The attacker ingests the honest tenant's query words; with one shared FTS5 table the
+    # honest tenant's BM25 scores moved (a signal of what another tenant holds).
+    before = _keyword_scores(h)
+    words = " ".join(KEYWORD_QUERIES)
+    docs = {"documents": [{"text": f"{words} {i} " * 20} for i in range(50)]}
+    r = h.client.post(f"/v1/collections/{h.cid}/documents", json=docs)
+    h.phase.attacker(r.status_code)
+    if r.status_code == 202:
+        deadline = time.monotonic() + 60
+        for item in r.json()["documents"]:
+            while time.monotonic() < deadline:
+                j = h.client.get(f"/v1/jobs/{item['job_id']}", params={"wait": 5})
+                if j.status_code == 200 and j.json()["done"]:
+                    break
+    after = _keyword_scores(h)
+    h.phase.signal = sum(1 for b, a in zip(before, after, strict=True) if b != a)
+
+
 ATTACKS: list[tuple[str, Callable[[Hostile], None]]] = [
     ("stop strings (10,000)", stop_strings),
     ("seed 10**30", huge_seed),
@@ -498,6 +599,10 @@ ATTACKS: list[tuple[str, Callable[[Hostile], None]]] = [
     ("64 connections of searches", thread_pools),
     ("rebuild storm", rebuilds),
     ("upload flood", upload_flood),
+    ("runs of [ (sniffer, markdown)", bracket_runs),
+    ("300,000-char word, prompt runs", hostile_text),
+    ("ZIP64 docx of 20,003 entries", zip64_docx),
+    ("another tenant's keywords", keyword_signal),
 ]
 
 
@@ -619,7 +724,7 @@ def main() -> int:
             load.phase = phase
             until = time.monotonic() + phase_s
             if attack is not None:
-                h = Hostile(hostile, srv.url, bad_cid, cid, bad_jobs[-1], until, phase)
+                h = Hostile(hostile, srv.url, bad_cid, cid, bad_jobs[-1], until, phase, honest)
                 attack(h)
             time.sleep(max(0.0, until - time.monotonic()))
             load.phase = None
@@ -637,8 +742,8 @@ def main() -> int:
     base = phases[0]
     print()
     print("| attack | honest ok | honest failed | search p99 ms | ask p99 ms | p99 ratio | "
-          "server errors | peak RSS over idle MB | hostile answers |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "server errors | peak RSS over idle MB | loop stall ms | hostile answers |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for ph in phases:
         ratios = [pct(ph.latencies[k], 99) / pct(base.latencies[k], 99) for k in ("search", "ask")
@@ -650,7 +755,8 @@ def main() -> int:
         hostile_answers = ", ".join(f"{s}: {n}" for s, n in sorted(ph.hostile.items())) or "-"
         print(f"| {ph.name} | {ph.honest_ok} | {failed} | {pct(ph.latencies['search'], 99):.0f} "
               f"| {pct(ph.latencies['ask'], 99):.0f} | {ratio:.2f} | {ph.server_errors} | "
-              f"{(ph.peak_rss - idle) / 2**20:.0f} | {hostile_answers} |")  # fmt: skip
+              f"{(ph.peak_rss - idle) / 2**20:.0f} | {ph.loop_stall_ms:.0f} | "
+              f"{hostile_answers} |")  # fmt: skip
     print(
         f"\nidle RSS {idle / 2**20:.0f} MB; p99 ratio: the phase's p99 over the baseline's, "
         "the worse of search and ask"
@@ -660,6 +766,8 @@ def main() -> int:
     print(f"FIGURE server_errors {sum(p.server_errors for p in phases)}")
     print(f"FIGURE purge_leftovers {leftovers:.0f}" if leftovers == leftovers
           else "FIGURE purge_leftovers nan")  # fmt: skip
+    print(f"FIGURE loop_stall_max_ms {max(p.loop_stall_ms for p in phases[1:]):.0f}")
+    print(f"FIGURE cross_tenant_signal {sum(p.signal for p in phases)}")
     return 0
 
 

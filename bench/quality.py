@@ -71,7 +71,7 @@ class CachedEmbedder:
         self.max_tokens = getattr(inner, "max_tokens", 254)
         self._cache: dict[str, npt.NDArray[np.float32]] = {}
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    def embed(self, texts: Sequence[str], deadline: object = None) -> npt.NDArray[np.float32]:
         missing = [t for t in texts if t not in self._cache]
         if missing:
             for text, vec in zip(missing, self.inner.embed(missing), strict=True):

@@ -4,10 +4,16 @@ The text is tokenized once; chunks are windows of at most `max_tokens` tokens, s
 never truncates one. A window ends at the best boundary near its end (paragraph, line,
 sentence, word) and the next one starts `overlap` tokens earlier. Offsets always index into
 the original text: `text[chunk.start_char:chunk.end_char] == chunk.text`.
+
+Chunks are bounded in characters as well (`max_chars`): one token can be any length (a
+300,000-character word is a single `[UNK]`), so a token longer than a quarter of the bound is
+cut into pieces first, a window ends before it passes the bound, and the overlap is at most
+half the bound, so the stored text stays within a small multiple of the document.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,36 +41,67 @@ class ChunkSpan:
 
 
 def chunk_text(
-    text: str, token_spans: TokenSpans, max_tokens: int, overlap: int
+    text: str, token_spans: TokenSpans, max_tokens: int, overlap: int, max_chars: int | None = None
 ) -> list[ChunkSpan]:
-    """Split `text` into overlapping chunks of at most `max_tokens` tokens."""
+    """Split `text` into overlapping chunks of at most `max_tokens` tokens and, when given,
+    at most `max_chars` characters."""
     if max_tokens < 1 or not 0 <= overlap < max_tokens:
         raise ValueError("need max_tokens >= 1 and 0 <= overlap < max_tokens")
+    if max_chars is not None and max_chars < 4:
+        raise ValueError("need max_chars >= 4")
     spans = [(a, b) for a, b in token_spans(text) if b > a]
+    if max_chars is not None:
+        spans = _cut_long_tokens(spans, max_chars // 4)
+    ends = [b for _, b in spans]
     chunks: list[ChunkSpan] = []
-    start, n = 0, len(spans)
+    start, n, done = 0, len(spans), 0  # tokens before `done` are in a chunk already
     while start < n:
-        end = _window_end(text, spans, start, max_tokens)
+        limit = min(start + max_tokens, n)
+        if max_chars is not None:  # the last token ending within max_chars of the start
+            reach = bisect.bisect_right(ends, spans[start][0] + max_chars)
+            limit = min(limit, max(start + 1, done + 1, reach))
+        end = _window_end(text, spans, start, limit, max_tokens, done + 1)
         end = _fit(text, spans, start, end, token_spans, max_tokens)
         chunk = _make_chunk(text, spans, start, end, len(chunks))
         if chunk is not None:
             chunks.append(chunk)
         if end >= n:
             break
+        done = end
         start = _next_start(text, spans, start, end, overlap)
+        if max_chars is not None:
+            # The overlap is at most half the bound, and the next window must reach past
+            # this one: where a wide gap follows, it starts afresh.
+            start = max(start, bisect.bisect_left(ends, ends[end - 1] - max_chars // 2, lo=start))
+            if start > end or ends[end] - spans[start][0] > max_chars:
+                start = end
     return chunks
 
 
-def _window_end(text: str, spans: list[Span], start: int, max_tokens: int) -> int:
-    """The token index to end the window at (exclusive), at the best boundary near its end."""
-    limit = min(start + max_tokens, len(spans))
+def _cut_long_tokens(spans: list[Span], piece: int) -> list[Span]:
+    """Tokens longer than `piece` characters as pieces of at most that length."""
+    if all(b - a <= piece for a, b in spans):
+        return spans
+    out: list[Span] = []
+    for a, b in spans:
+        out.extend((i, min(i + piece, b)) for i in range(a, b, piece))
+    return out
+
+
+def _window_end(
+    text: str, spans: list[Span], start: int, limit: int, max_tokens: int, floor: int
+) -> int:
+    """The token index to end the window at (exclusive), at the best boundary near `limit`
+    (the window's last possible end: `max_tokens` on, or fewer where characters run out),
+    and never before `floor` (past the previous window's end)."""
     if limit == len(spans):
         return limit
-    lowest = start + max(1, int(max_tokens * min(_EARLIEST.values())))
+    size = min(limit - start, max_tokens)
+    lowest = max(floor, start + max(1, int(size * min(_EARLIEST.values()))))
     best_end, best_rank = limit, _NONE
     for k in range(limit, lowest - 1, -1):
         rank = _boundary(text, spans, k)
-        if rank > best_rank and k >= start + max(1, int(max_tokens * _EARLIEST[rank])):
+        if rank > best_rank and k >= start + max(1, int(size * _EARLIEST[rank])):
             best_end, best_rank = k, rank
             if rank == _PARAGRAPH:
                 break

@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,13 +180,20 @@ class KeyCache:
     keys cannot fill the cache. A key revoked through this process is dropped at once; one
     revoked through another replica stops working here within `ttl_s`. `ttl_s` 0 turns the
     cache off.
+
+    It also remembers the prefixes of keys that resolved (`line_of`): a lookup that misses
+    the cache waits in its key's own line of the lookup pool when its prefix is known, and
+    in one line for every unknown key otherwise, so a flood of made-up keys waits behind
+    itself, never in front of a valid key.
     """
 
     MAX_ENTRIES = 10_000
+    UNKNOWN = "unknown keys"
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self._entries: dict[str, tuple[float, Principal]] = {}
+        self._prefixes: OrderedDict[str, None] = OrderedDict()
 
     def get(self, authorization: str | None) -> Principal | None:
         """The principal of a well-formed header whose key resolved recently, else None (the
@@ -198,7 +206,20 @@ class KeyCache:
             return None
         return hit[1]
 
-    def put(self, digest: str, principal: Principal) -> None:
+    def line_of(self, authorization: str | None) -> str:
+        """The lookup pool's line for this header: its key's prefix when a key with that
+        prefix has resolved here, else the one line of unknown keys."""
+        key = bearer_key(authorization)
+        if key is None or prefix_of(key) not in self._prefixes:
+            return self.UNKNOWN
+        return "key " + prefix_of(key)
+
+    def put(self, digest: str, principal: Principal, prefix: str | None = None) -> None:
+        if prefix is not None:
+            self._prefixes[prefix] = None
+            self._prefixes.move_to_end(prefix)
+            if len(self._prefixes) > self.MAX_ENTRIES:
+                self._prefixes.popitem(last=False)
         if self.ttl_s <= 0:
             return
         if len(self._entries) >= self.MAX_ENTRIES:
@@ -214,7 +235,8 @@ class KeyCache:
 def authenticate(
     db: Database, authorization: str | None, cache: KeyCache | None = None
 ) -> Principal:
-    digest = hash_key(bearer(authorization))
+    key = bearer(authorization)
+    digest = hash_key(key)
     with db.connect() as conn:  # a prebuilt statement, no ORM
         row = key_rows.live_by_hash(conn, digest)
     # The lookup is by hash; compare again in constant time for good measure.
@@ -222,7 +244,7 @@ def authenticate(
         raise Unauthorized("invalid API key")
     principal = Principal(row.tenant_id, row.tenant_name, row.is_admin, row.key_id)
     if cache is not None:
-        cache.put(digest, principal)
+        cache.put(digest, principal, prefix_of(key))
     return principal
 
 

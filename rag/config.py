@@ -60,6 +60,9 @@ class IngestSettings(_Section):
     max_text_chars: int = Field(5_000_000, ge=1)
     chunk_tokens: int = Field(200, ge=16, le=512)
     chunk_overlap: int = Field(32, ge=0, le=256)
+    # Chunks are bounded in characters too, at this many a token: one token can be any
+    # length (a 300,000-character word is one [UNK]). English runs ~4.5 a token.
+    chunk_chars_per_token: int = Field(10, ge=4, le=100)
     # Parsing runs in a child process under these limits.
     parse_timeout_s: float = Field(60.0, gt=0)
     parse_memory_mb: int = Field(1024, ge=64)
@@ -186,6 +189,9 @@ class AskSettings(_Section):
     # may use; generation gets the rest.
     default_budget_ms: float | None = Field(None, gt=0)
     retrieve_share: float = Field(0.3, gt=0, lt=1)
+    # The most of the passage cache one warm-up (POST .../warm) may fill; a warm-up only ever
+    # fills free room, never evicting what is cached (another tenant's passages included).
+    warm_max_share: float = Field(0.25, gt=0, le=1)
 
     # Grounded answers: defaults chosen by measurement with the bundled 135M model
     # (bench/answers.py, table in bench/README.md). "generate" answers with the quote that
@@ -288,6 +294,8 @@ class MetricsSettings(_Section):
     enabled: bool = True
     # /metrics needs an admin key unless this is set (for a scraper on a private network).
     public: bool = False
+    # /readyz answers from a result this recent (a probe from anyone costs no query then).
+    readyz_cache_s: float = Field(default=2.0, ge=0)
 
 
 class Settings(BaseSettings):

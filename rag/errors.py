@@ -57,6 +57,17 @@ class Overloaded(RagError):
         self.retry_after_s = retry_after_s
 
 
+class Unavailable(RagError):
+    """This process cannot serve the request now (a component closed or stopped, or it did
+    not answer within the request's budget): HTTP 503; another replica, or later, may."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class GenerationFailed(RagError):
     """The generator failed while answering (reported as such, never as a normal finish)."""
 

@@ -147,7 +147,7 @@ class Retriever:
         fetch = min(k + 5, self.settings.max_k + 5)
 
         t = time.perf_counter()
-        qvec = self.embedder.embed([query])
+        qvec = self.embedder.embed([query], deadline)
         timings["embed"] = _ms(t)
 
         index_state = self.indexes.state(collection_id)

@@ -101,15 +101,22 @@ class Prompt:
 
 # ---------------------------------------------------------------- neutralising document text
 
-_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
-_LINK = re.compile(r"\[([^\]]*)\]\(\s*(?:https?:|//|www\.)[^)]*\)", re.IGNORECASE)
+# Every pattern here is linear on any text. A scan that starts at one bracket stops at the
+# next (link text runs to the next `[` or `]`, a target to the next unmatched `(` or `)`), so
+# scans from different starts never cover the same run twice; `[^\]]*` rescanned a run of
+# `[` from each of them. Bounds cap what one match may span.
+_TEXT = r"([^\[\]]{0,1000})"
+_TARGET = r"(?:[^()]|\([^()]{0,1000}\)){0,2000}\)"  # one level of parentheses, as in URLs
+_IMAGE = re.compile(rf"!\[{_TEXT}\]\({_TARGET}")
+_LINK = re.compile(rf"\[{_TEXT}\]\(\s*(?:https?:|//|www\.){_TARGET}", re.IGNORECASE)
 _URL = re.compile(r"\b(?:https?://|ftp://|www\.)[^\s<>\"')\]]+", re.IGNORECASE)
 _SPECIAL = re.compile(r"<\|[^|<>]{0,40}\|>|</?s>|\[/?INST\]|<<\s*/?SYS\s*>>", re.IGNORECASE)
 _ROLE = re.compile(
-    r"^(\s*)(#+\s*)?(system|assistant|user|human|instruction|developer)(\s*):",
+    r"^([^\S\n]*)(#+[^\S\n]*)?(system|assistant|user|human|instruction|developer)(\s*):",
     re.IGNORECASE | re.MULTILINE,
 )
-_FENCE = re.compile(r"</?\s*passage\b[^>]*>|```", re.IGNORECASE)
+# A fence-like tag whose `>` is far or missing is neutralised all the same.
+_FENCE = re.compile(r"</?\s*passage\b(?:[^<>]{0,200}>)?|```", re.IGNORECASE)
 
 
 def neutralise(text: str) -> str:

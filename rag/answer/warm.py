@@ -2,8 +2,10 @@
 
 A passage's KV is otherwise computed the first time a question retrieves it (rag.engine.
 passages). A warm-up computes them ahead, each in a prompt of its own (the system instruction,
-then the passage as passage 1), oldest chunks first, one at a time, and stops once the cache
-is full (more would only evict what it just computed). Each warm prompt is a one-token
+then the passage as passage 1), oldest chunks first, one at a time, into the cache's free room
+only: it stops before a passage would evict anything (another tenant's passages, or what it
+just computed), and once it has filled `ask.warm_max_share` of the cache, so one tenant's
+warm-ups cannot push the others' passages out. Each warm prompt is a one-token
 generation like any other request, so warming never holds back a user's question for more than
 one prompt's prefill.
 """
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rag.answer import prompt as prompts
 from rag.db import chunks, collections
+from rag.engine.protocol import estimate_tokens
 from rag.engine.sequence import SamplingParams
 from rag.errors import Conflict
 
@@ -50,13 +53,22 @@ def passages(
 
 
 async def warm(services: Services, tenant_id: str, items: list[WarmPassage]) -> int:
-    """Compute each passage's KV into the cache until it is full; returns how many were."""
+    """Compute each passage's KV into the cache's free room, up to this warm-up's share of
+    it; returns how many were."""
     engine = services.engine
     done = 0
-    evicted = engine.metrics().passages.evictions
+    start = engine.metrics().passages
+    evicted = start.evictions
+    share = int(start.capacity_bytes * services.settings.ask.warm_max_share)
     for item in items:
-        if engine.metrics().passages.evictions > evicted:
-            break  # full: warming more would evict what was just warmed
+        now = engine.metrics().passages
+        if now.evictions > evicted:
+            break  # the estimate fell short: stop at once
+        # Its size, from the cache's bytes a token (none stored yet: the cache is empty, so
+        # nothing can be evicted); a margin for the header and the tokenizer's count.
+        need = now.token_bytes * (estimate_tokens(prompts.segment_text(item)) + 16)
+        if now.bytes + need > now.capacity_bytes or now.bytes - start.bytes + need > share:
+            break
         prompt = prompts.segmented("", [item], salt=tenant_id, kv_reuse="blend")
         try:
             async for _ in engine.submit(prompt, ONE_TOKEN, cache_salt=tenant_id):

@@ -35,9 +35,14 @@ async def current_principal(
     # key, a wrong one) goes to the database on a key-lookup thread (429 when all are busy).
     principal = services.key_cache.get(authorization)
     if principal is None:
-        principal = await pools.auth.run(
-            authenticate, services.db, authorization, services.key_cache
-        )
+        # Waits in its key's line (unknown keys share one): see KeyCache.line_of.
+        line = current_tenant.set(services.key_cache.line_of(authorization))
+        try:
+            principal = await pools.auth.run(
+                authenticate, services.db, authorization, services.key_cache
+            )
+        finally:
+            current_tenant.reset(line)
     # The route runs in this context: its pool work waits in this tenant's line.
     current_tenant.set(principal.tenant_id)
     return principal

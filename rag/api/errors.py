@@ -25,6 +25,7 @@ STATUS: dict[type[errors.RagError], int] = {
     errors.TooLarge: 413,
     errors.UnsupportedMediaType: 415,
     errors.Overloaded: 429,
+    errors.Unavailable: 503,
     errors.ParseError: 422,
     errors.GenerationFailed: 502,
 }
@@ -71,7 +72,7 @@ def install(app: FastAPI) -> None:
         headers = {}
         if isinstance(exc, errors.Unauthorized):
             headers["WWW-Authenticate"] = "Bearer"
-        if isinstance(exc, errors.Overloaded):
+        if isinstance(exc, errors.Overloaded | errors.Unavailable):
             headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
         return JSONResponse(body(exc.code, exc.message, exc.detail), status, headers=headers)
 

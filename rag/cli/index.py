@@ -1,4 +1,4 @@
-"""`rag index rebuild` and `rag tune`: an operator's commands on one collection's index."""
+"""`rag index rebuild|check|repair` and `rag tune`: an operator's commands on indexes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def register(sub: Any) -> None:
     p.add_argument("--kind", choices=["auto", *KINDS])
     p.add_argument("--params", help="build parameters as JSON, e.g. '{\"m\": 32}'")
     p.set_defaults(func=cmd_index_rebuild)
+    for name, text in (
+        ("check", "compare indexes with SQL (counts and ids); exit 1 on a mismatch"),
+        ("repair", "add what an index misses, erase what SQL no longer holds, snapshot"),
+    ):
+        p = index.add_parser(name, help=text)
+        p.add_argument("collections", nargs="*", help="collection ids (default: every one)")
+        p.set_defaults(func=cmd_index_check, repair=name == "repair")
 
     p = sub.add_parser("tune", help="measure recall vs latency over a sweep of knobs")
     p.add_argument("collection", help="collection id")
@@ -72,6 +79,40 @@ def cmd_index_rebuild(args: argparse.Namespace) -> int:
     finally:
         services.close()
     return 0
+
+
+def cmd_index_check(args: argparse.Namespace) -> int:
+    from rag.db import collections
+    from rag.errors import Invalid
+
+    settings = load_settings()
+    services = offline_services(settings)
+    bad = 0
+    try:
+        ids = list(args.collections)
+        if not ids:
+            with services.db.read() as session:
+                ids = collections.all_live(session)
+        for cid in ids:
+            try:
+                found = (services.indexes.repair if args.repair else services.indexes.check)(cid)
+            except Invalid as exc:  # another embedding model: another process's index
+                print(f"{cid}: skipped ({exc.message})")
+                continue
+            bad += not found.ok
+            verdict = "ok" if found.ok else ("repaired" if args.repair else "MISMATCH")
+            line = (
+                f"{cid} {found.kind}: index {found.index_count}, sql {found.sql_count}, "
+                f"missing {found.missing}, extra {found.extra}: {verdict}"
+            )
+            if found.missing_sample:
+                line += f"; missing e.g. {list(found.missing_sample[:5])}"
+            if found.extra_sample:
+                line += f"; extra e.g. {list(found.extra_sample[:5])}"
+            print(line)
+    finally:
+        services.close()
+    return 1 if bad and not args.repair else 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from rag.db.models import ChangeLog
+from rag.db.models import ChangeLog, Chunk
 
 # The probe runs before every search: a prebuilt statement on a bare connection costs a
 # fraction of an ORM session's round trip when (as usual) nothing is new.
@@ -80,3 +80,16 @@ def last_removal_after(session: Session, collection_id: str, watermark: int) -> 
         ChangeLog.op == "remove",
     )
     return int(session.scalar(stmt) or 0)
+
+
+def collections_with_reused_ids(session: Session) -> list[str]:
+    """Collections holding a chunk whose id a "remove" entry already names: SQLite handed
+    purged ids out again before migration 0008, and the index purge may have erased the new
+    chunk's vector. Their indexes are checked against SQL at start-up."""
+    stmt = (
+        select(ChangeLog.collection_id)
+        .join(Chunk, Chunk.id == ChangeLog.chunk_id)
+        .where(ChangeLog.op == "remove", Chunk.document_id != ChangeLog.document_id)
+        .distinct()
+    )
+    return sorted(str(c) for c in session.scalars(stmt))

@@ -12,7 +12,21 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Row, Select, bindparam, func, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Numeric,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    false,
+    func,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from rag.db import documents
@@ -21,6 +35,8 @@ from rag.db.models import Chunk, Document
 from rag.errors import Invalid
 
 MetaValue = str | int | float | bool
+# Ids per IN list (SQLite allows 32766 bound values in one statement).
+_IN_BATCH = 5000
 
 # Only what a passage shows: the chunk's vector stays in the database. Built once: every
 # search runs it, and building a statement costs more than running it on SQLite.
@@ -109,23 +125,10 @@ def allowed_ids(
     )
     if document_ids:
         stmt = stmt.where(Document.id.in_(list(document_ids)))
+    sqlite = session.get_bind().dialect.name == "sqlite"
     for key, value in (metadata or {}).items():
-        field_ = Document.meta[key]
-        known = session.scalar(
-            select(Document.id)
-            .where(Document.collection_id == collection_id, field_.as_string().is_not(None))
-            .limit(1)
-        )
-        if known is None:
-            raise Invalid(f"no document in this collection has the metadata key {key!r}")
-        if isinstance(value, bool):
-            stmt = stmt.where(field_.as_boolean() == value)
-        elif isinstance(value, int):
-            stmt = stmt.where(field_.as_integer() == value)
-        elif isinstance(value, float):
-            stmt = stmt.where(field_.as_float() == value)
-        else:
-            stmt = stmt.where(field_.as_string() == value)
+        _known(session, collection_id, key, sqlite)
+        stmt = stmt.where(_meta_equals(key, value, sqlite))
     return set(session.scalars(stmt))
 
 
@@ -164,6 +167,53 @@ def live_vectors(
         yield vector_codec.decode_rows(rows, dim)
 
 
+def live_among(conn: Connection, collection_id: str, ids: Sequence[int]) -> set[int]:
+    """The ids among `ids` whose chunk is in the record and its document not tombstoned."""
+    out: set[int] = set()
+    wanted = [int(i) for i in ids]
+    for start in range(0, len(wanted), _IN_BATCH):
+        rows = conn.execute(
+            select(Chunk.id)
+            .join(Document, Document.id == Chunk.document_id)
+            .where(
+                Chunk.id.in_(wanted[start : start + _IN_BATCH]),
+                Chunk.collection_id == collection_id,
+                Document.deleted_at.is_(None),
+            )
+        )
+        out.update(int(chunk_id) for (chunk_id,) in rows)
+    return out
+
+
+def live_ids(session: Session, collection_id: str, model_id: str) -> npt.NDArray[np.int64]:
+    """Every id an index of the collection embedded with `model_id` should hold, sorted."""
+    stmt = (
+        select(Chunk.id)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.collection_id == collection_id,
+            Document.deleted_at.is_(None),
+            Chunk.embedding_model == model_id,
+        )
+        .order_by(Chunk.id)
+    )
+    return np.fromiter((int(i) for i in session.scalars(stmt)), dtype=np.int64)
+
+
+def live_count(session: Session, collection_id: str, model_id: str) -> int:
+    """How many vectors an index of the collection embedded with `model_id` should hold."""
+    stmt = (
+        select(func.count(Chunk.id))
+        .join(Document, Document.id == Chunk.document_id)
+        .where(
+            Chunk.collection_id == collection_id,
+            Document.deleted_at.is_(None),
+            Chunk.embedding_model == model_id,
+        )
+    )
+    return int(session.scalar(stmt) or 0)
+
+
 def vectors_of(
     session: Session, collection_id: str, model_id: str, dim: int, ids: Sequence[int]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
@@ -199,17 +249,54 @@ def metadata_keys_known(
 ) -> None:
     """Invalid when no document of the collection has one of the filter's keys (the check
     `allowed_ids` makes, for searches whose filter the index applies itself)."""
+    sqlite = session.get_bind().dialect.name == "sqlite"
     for key in metadata or {}:
-        known = session.scalar(
-            select(Document.id)
-            .where(
-                Document.collection_id == collection_id,
-                Document.meta[key].as_string().is_not(None),
-            )
-            .limit(1)
-        )
-        if known is None:
-            raise Invalid(f"no document in this collection has the metadata key {key!r}")
+        _known(session, collection_id, key, sqlite)
+
+
+# A filter's key/value means the same on SQLite, PostgreSQL and in Milvus's post-filter
+# (rag.index.milvus.filters.matches): the document's value has the filter value's JSON type
+# and equals it (a boolean is not a number, 3 equals 3.0; nothing is cast, so a value of
+# another type does not match rather than fail), and a key is looked up as one key, never as
+# a JSON path (SQLite's paths have no escape for `"`).
+
+
+def _known(session: Session, collection_id: str, key: str, sqlite: bool) -> None:
+    found = session.scalar(
+        select(Document.id)
+        .where(Document.collection_id == collection_id, _meta_has(key, sqlite))
+        .limit(1)
+    )
+    if found is None:
+        raise Invalid(f"no document in this collection has the metadata key {key!r}")
+
+
+def _meta_has(key: str, sqlite: bool) -> ColumnElement[bool]:
+    if sqlite:
+        entry = func.json_each(Document.meta).table_valued("key", "type")
+        return exists().select_from(entry).where(entry.c.key == key)
+    return Document.meta.op("->")(key).is_not(None)
+
+
+def _meta_equals(key: str, value: MetaValue, sqlite: bool) -> ColumnElement[bool]:
+    if sqlite:
+        entry = func.json_each(Document.meta).table_valued("key", "value", "type")
+        if isinstance(value, bool):
+            same = entry.c.type == ("true" if value else "false")
+        elif isinstance(value, int | float):
+            same = and_(entry.c.type.in_(("integer", "real")), entry.c.value == value)
+        else:
+            same = and_(entry.c.type == "text", entry.c.value == value)
+        return exists().select_from(entry).where(entry.c.key == key, same)
+    kind = func.json_typeof(Document.meta.op("->")(key))
+    as_text = Document.meta[key].as_string()
+    if isinstance(value, bool):
+        return and_(kind == "boolean", as_text == ("true" if value else "false"))
+    if isinstance(value, int | float):
+        # CASE, not AND: PostgreSQL may evaluate AND's operands in any order, and the cast
+        # fails on text.
+        return case((kind == "number", cast(as_text, Numeric) == value), else_=false())
+    return and_(kind == "string", as_text == value)
 
 
 def sample_texts(session: Session, collection_id: str, n: int, seed: int = 0) -> list[str]:

@@ -73,6 +73,12 @@ def live_among(session: Session, collection_ids: list[str]) -> set[str]:
     return set(session.scalars(stmt))
 
 
+def all_live(session: Session) -> list[str]:
+    """Every live collection's id, of every tenant (an operator's commands)."""
+    stmt = select(Collection.id).where(Collection.deleted_at.is_(None)).order_by(Collection.id)
+    return list(session.scalars(stmt))
+
+
 lock = lock_collection
 
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from rag.db import fulltext
 from rag.db import vectors as vector_codec
 from rag.db.jobs import ClaimedJob, LeaseLost, ours
 from rag.db.locks import lock_collection
@@ -106,6 +107,7 @@ def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
     ]
     session.add_all(rows)
     session.flush()
+    fulltext.add_chunks(session, doc.collection_id, [(r.id, r.text) for r in rows])
     session.add_all(
         ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
         for r in rows

@@ -160,9 +160,14 @@ class Document(Base):
 
 class Chunk(Base):
     __tablename__ = "chunks"
-    __table_args__ = (Index("ix_chunks_document_ordinal", "document_id", "ordinal"),)
+    __table_args__ = (
+        Index("ix_chunks_document_ordinal", "document_id", "ordinal"),
+        # SQLite hands a purged highest id out again without AUTOINCREMENT; the indexes key
+        # vectors and "remove" entries by id, so a reused id loses a live vector (0008).
+        {"sqlite_autoincrement": True},
+    )
 
-    # The integer id is the label the vector index stores.
+    # The integer id is the label the vector index stores; never reused.
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     # Deterministic (document id, ordinal, span): re-running a job cannot double a chunk.
     uid: Mapped[str] = mapped_column(String(64), unique=True)
@@ -222,6 +227,8 @@ class ChangeLog(Base):
         Index("ix_change_log_collection_seq", "collection_id", "seq"),
         # The purge finds (and drops) a document's entries.
         Index("ix_change_log_document", "document_id"),
+        # A reused seq would sit under an index's watermark and never be applied (0008).
+        {"sqlite_autoincrement": True},
     )
 
     seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

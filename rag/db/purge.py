@@ -14,7 +14,8 @@ KV). The "add" entries of purged chunks go.
 `reclaim` then makes the bytes leave the files: on SQLite (secure_delete is on for every
 connection, so freed pages are zeroed) the full-text index is merged into one segment without
 the deleted entries, free pages are given back (incremental vacuum) and the WAL is
-checkpointed and truncated; on PostgreSQL the tables are vacuumed.
+checkpointed and truncated when no reader is in it (never waiting for one: a later round
+does it); on PostgreSQL the tables are vacuumed.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import delete, exists, func, insert, literal, select, text
+from sqlalchemy import delete, exists, func, insert, literal, select
 from sqlalchemy.orm import Session
 
+from rag.db import fulltext
 from rag.db.locks import lock_collection
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
-from rag.db.session import Database
+from rag.db.session import BUSY_TIMEOUT_MS, Database
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ def purge_documents(db: Database, limit: int) -> list[Purged]:
         session.execute(
             delete(ChangeLog).where(ChangeLog.document_id.in_(doc_ids), ChangeLog.op == "add")
         )
+        fulltext.remove_documents(session, doc_ids)
         session.execute(delete(Chunk).where(Chunk.document_id.in_(doc_ids)))
         session.execute(delete(IngestJob).where(IngestJob.document_id.in_(doc_ids)))
         session.execute(delete(Document).where(Document.id.in_(doc_ids)))
@@ -119,6 +122,7 @@ def purge_collections(db: Database) -> list[str]:
             )
         )
         if ids:
+            fulltext.drop_collections(session, ids)
             session.execute(delete(Collection).where(Collection.id.in_(ids)))
         return ids
 
@@ -147,9 +151,9 @@ def reclaim(db: Database, *, full_vacuum: bool = False, convert: bool = True) ->
 
 def _reclaim_sqlite(db: Database, *, convert: bool) -> bool:
     with db.write() as session:
-        # External-content FTS5 keeps a deleted row's terms in its segments until they are
+        # A contentless FTS5 table keeps a deleted row's terms in its segments until they are
         # merged; one merge of everything leaves none (secure_delete zeroes the old pages).
-        session.execute(text("INSERT INTO chunks_fts(chunks_fts) VALUES ('optimize')"))
+        fulltext.optimize(session)
     with db.engine.connect() as conn:
         raw = conn.connection.dbapi_connection
         assert raw is not None
@@ -162,7 +166,15 @@ def _reclaim_sqlite(db: Database, *, convert: bool) -> bool:
         elif mode == 2:
             # executescript steps the pragma to its end (a plain execute frees one page).
             raw.executescript("PRAGMA incremental_vacuum;")
-        busy, _log_frames, _done = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        # TRUNCATE takes the write lock and then waits (the busy handler) for every reader
+        # to leave the WAL: behind a long reader (an index rebuild) every writer would stall
+        # for the busy timeout. Without a busy handler it gives up at once instead, and the
+        # deleted bytes left in the WAL go on a later round, once the reader is done.
+        raw.execute("PRAGMA busy_timeout=0")
+        try:
+            busy, _log_frames, _done = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     if busy:
         log.info("purge: the WAL is in use; truncating it next round")
     return not busy

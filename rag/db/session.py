@@ -15,6 +15,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
+# How long a SQLite connection waits for a lock another holds (the purge's checkpoint waits
+# for none: rag.db.purge).
+BUSY_TIMEOUT_MS = 60_000
+
 
 class Database:
     """One engine per process; `read()` and `write()` open short transactions."""
@@ -28,7 +32,7 @@ class Database:
         if self.is_sqlite:
             if self.url.database and self.url.database != ":memory:":
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000}
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
             if self.url.get_backend_name() == "postgresql" and self.url.drivername == "postgresql":
@@ -90,7 +94,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         # Deleted content is overwritten with zeros, not just unlinked: a purged document's
         # bytes do not linger in free pages (principle 7, "delete means gone").
         cur.execute("PRAGMA secure_delete=ON")

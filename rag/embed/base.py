@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from rag.deadline import Deadline
 
 # A token's character span in the text it came from.
 Span = tuple[int, int]
@@ -22,8 +25,11 @@ class Embedder(Protocol):
     # sentences only then.
     semantic: bool
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Return an array [len(texts), dim] of unit vectors."""
+    def embed(
+        self, texts: Sequence[str], deadline: Deadline | None = None
+    ) -> npt.NDArray[np.float32]:
+        """Return an array [len(texts), dim] of unit vectors. A wait on another thread keeps
+        to `deadline` (a search's): Unavailable when it passes first."""
         ...
 
     def token_spans(self, text: str) -> list[Span]:

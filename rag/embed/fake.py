@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from rag.deadline import Deadline
 from rag.embed.base import Span, normalize
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -25,7 +26,9 @@ class HashEmbedder:
         self.model_id = f"hash-{dim}"
         self.calls: list[int] = []  # batch sizes asked for, for tests that check batching
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    def embed(
+        self, texts: Sequence[str], deadline: Deadline | None = None
+    ) -> npt.NDArray[np.float32]:
         self.calls.append(len(texts))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):

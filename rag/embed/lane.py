@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import numpy.typing as npt
 
+from rag.deadline import Deadline
 from rag.embed.base import split_rows
+from rag.errors import Unavailable
 
 
 class QueryLane:
@@ -35,6 +38,7 @@ class QueryLane:
         # Queries submitted and not answered yet: ingest waits while there are any.
         self._pending = 0
         self._idle = threading.Condition()
+        self._closed = False
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(threads, ready), name="embed-queries", daemon=True
@@ -48,14 +52,26 @@ class QueryLane:
         # lane's own team keeps its size).
         torch.set_num_threads(before)
 
-    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        return self.submit(texts).result()
+    def embed(self, texts: list[str], deadline: Deadline | None = None) -> npt.NDArray[np.float32]:
+        """The texts' vectors; Unavailable when the lane is closed or the deadline passes
+        first (the query is still embedded, and its answer dropped)."""
+        done = self.submit(texts)
+        timeout = None if deadline is None or not deadline.bounded else deadline.remaining_ms()
+        try:
+            return done.result(None if timeout is None else max(timeout, 0.0) / 1000.0)
+        except FutureTimeout:
+            raise Unavailable("the query was not embedded within the request's budget") from None
 
     def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
+        """Queue the texts; Unavailable at once once the lane is closed."""
         done: Future[npt.NDArray[np.float32]] = Future()
         with self._idle:
+            # Checked and queued under the lock close() takes: nothing is queued after the
+            # stop, where no thread would ever answer it.
+            if self._closed:
+                raise Unavailable("the query embedder is closed (the service is stopping)")
             self._pending += 1
-        self._inbox.put((texts, done))
+            self._inbox.put((texts, done))
         return done
 
     @property
@@ -84,7 +100,10 @@ class QueryLane:
         """Stop after what is queued, and wait for the thread: one still inside ONNX Runtime
         or torch when the interpreter exits aborts the process ("terminate called without an
         active exception", seen at the end of `rag ingest`)."""
-        self._inbox.put(None)
+        with self._idle:
+            if not self._closed:
+                self._closed = True
+                self._inbox.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
@@ -96,6 +115,23 @@ class QueryLane:
         # parallel call: make that happen now, before the constructor puts the default back.
         torch.get_num_threads()
         ready.set()
+        try:
+            self._serve()
+        finally:
+            self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        """Whatever was queued behind the stop is answered: refused, never left waiting."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._answered(1)
+                item[1].set_exception(Unavailable("the query embedder is closed"))
+
+    def _serve(self) -> None:
         while True:
             first = self._inbox.get()
             if first is None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from rag.deadline import Deadline
 from rag.embed.base import Span
 from rag.embed.lane import QueryLane, in_turns
 from rag.embed.onnx import AUTO_FORMAT, OnnxQueryEncoder
@@ -94,11 +95,13 @@ class SentenceTransformerEmbedder:
                 self._lane.submit(["warm up"])
         log.info("embedder %s loaded on %s (dim %d)", self.model_id, self.device, self.dim)
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    def embed(
+        self, texts: Sequence[str], deadline: Deadline | None = None
+    ) -> npt.NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._lane is not None and len(texts) <= self.QUERY_MAX:
-            return self._lane.embed(list(texts))
+            return self._lane.embed(list(texts), deadline)
         batch, lane = list(texts), self._lane if self.query_priority else None
 
         def encode() -> npt.NDArray[np.float32]:

@@ -169,6 +169,7 @@ class Engine:
             stored=stats.stored, reused_tokens=stats.reused_tokens,
             recomputed_tokens=s.num_recomputed_tokens, entries=len(self.passages),
             bytes=self.passages.used_bytes, capacity_bytes=self.passages.capacity_bytes,
+            token_bytes=stats.token_bytes,
         )  # fmt: skip
 
     def drop_chunks(self, chunk_ids: set[int], timeout_s: float = 30.0) -> None:
@@ -203,6 +204,11 @@ class Engine:
                 seq.plan.stores = tuple(st for st in seq.plan.stores if st[3] not in chunk_ids)
         if blocks:
             logger.info("prefix cache: dropped %d blocks of deleted chunks", blocks)
+
+    def step_alive(self) -> bool:
+        """True unless the step thread was started and has ended without being stopped."""
+        thread = self._thread
+        return thread is None or thread.is_alive() or self._stopping
 
     def close(self) -> None:
         with self._cv:

@@ -66,6 +66,7 @@ class PassageStats:
     entries: int = 0
     bytes: int = 0
     capacity_bytes: int = 0  # 0: no passage cache
+    token_bytes: int = 0  # what an entry takes a token (0: none stored yet)
 
 
 class PassageKVCache:
@@ -113,6 +114,7 @@ class PassageKVCache:
             self._entries[key] = entry
             self.used_bytes += entry.nbytes
             self.stats.stored += 1
+            self.stats.token_bytes = entry.nbytes // max(1, entry.tokens)
 
     def drop_chunks(self, chunk_ids: set[int]) -> int:
         """Forget every entry of these chunks (deleted documents); returns how many."""

@@ -79,6 +79,11 @@ class GenerationBackend(Protocol):
         server knows)."""
         ...
 
+    def step_alive(self) -> bool:
+        """False when the thread that runs generations died: nothing submitted would ever
+        be answered (a remote backend answers for itself: True)."""
+        ...
+
     def has_room(self) -> bool:
         """False when a new request would be refused as overload: callers check before they
         do any work for it (HTTP 429 early)."""

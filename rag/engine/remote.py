@@ -2,11 +2,18 @@
 
 Plain prompts go to /completions, chat messages to /chat/completions, both streamed as
 server-sent events.
+
+A shared server's prefix cache is a side channel between tenants (a cached prompt answers
+sooner, and its usage says how many tokens were cached), so each request carries the tenant's
+`cache_salt` (vLLM keys its prefix cache by it; a hash, so the server never sees a tenant id),
+and the server's `cached_tokens` is never reported: a server that ignores the salt would count
+other tenants' prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import threading
@@ -17,7 +24,13 @@ from typing import Any
 import httpx
 
 from rag.engine.config import EngineSettings
-from rag.engine.protocol import EngineMetrics, Prompt, estimate_tokens, messages_of
+from rag.engine.protocol import (
+    EngineMetrics,
+    Prompt,
+    SegmentedPrompt,
+    estimate_tokens,
+    messages_of,
+)
 from rag.engine.sequence import (
     EngineError,
     EngineOverloaded,
@@ -73,7 +86,7 @@ class RemoteEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
-        cache_salt: str | None = None,  # the remote server's own cache is its business
+        cache_salt: str | None = None,
         loop: object = None,  # the stream runs where it is iterated
     ) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
@@ -87,7 +100,10 @@ class RemoteEngine:
                     f"{self.settings.remote_max_concurrency} remote requests in flight"
                 )
             self._in_flight.add(request_id)
-        return self._stream(prompt, params, request_id)
+        salt = cache_salt or ""
+        if isinstance(prompt, SegmentedPrompt) and prompt.kv_reuse == "off":
+            salt = f"{salt}|{uuid.uuid4().hex}"  # no prefix shared either, as the local engine
+        return self._stream(prompt, params, request_id, _salt(salt))
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -105,12 +121,16 @@ class RemoteEngine:
             tokens_per_step=0.0, generated_tokens=self._generated,
         )  # fmt: skip
 
+    def step_alive(self) -> bool:
+        return True  # the server answers for itself (errors, timeouts)
+
     def close(self) -> None:
         pass
 
-    def _body(self, prompt: Prompt, p: SamplingParams) -> tuple[str, dict[str, Any]]:
+    def _body(self, prompt: Prompt, p: SamplingParams, salt: str) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
             "model": self.settings.remote_model or "default",
+            "cache_salt": salt,  # vLLM extension: its prefix cache is keyed by it
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": p.temperature,
@@ -137,9 +157,9 @@ class RemoteEngine:
         return "/chat/completions", {**body, "messages": prompt}
 
     async def _stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str
+        self, prompt: Prompt, params: SamplingParams, request_id: str, salt: str
     ) -> AsyncIterator[TokenEvent]:
-        path, body = self._body(messages_of(prompt), params)
+        path, body = self._body(messages_of(prompt), params, salt)
         reason: FinishReason | None = None
         usage: dict[str, Any] | None = None
         n_chunks = 0
@@ -183,13 +203,18 @@ class RemoteEngine:
                 self._cancelled.discard(request_id)
         self._generated += n_chunks
         u = usage or {}
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        # The server's cached_tokens is not passed on: it may count other tenants' prompts.
         yield TokenEvent(
             request_id,
             "",
             finish_reason=reason or FinishReason.STOP,
-            usage=Usage(u.get("prompt_tokens", 0), cached, u.get("completion_tokens", n_chunks)),
+            usage=Usage(u.get("prompt_tokens", 0), 0, u.get("completion_tokens", n_chunks)),
         )
+
+
+def _salt(tenant_salt: str) -> str:
+    """The salt sent for a tenant: stable, distinct per tenant, and not the tenant's id."""
+    return hashlib.sha256(f"ragserve-cache-salt:{tenant_salt}".encode()).hexdigest()[:32]
 
 
 def _http_error(resp: httpx.Response) -> Exception:

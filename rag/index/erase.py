@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from rag.db import Database, changelog
+from rag.db import Database, changelog, chunks
 from rag.index.live import Live
 from rag.index.snapshot import SnapshotStore
 
 
 def erase_removed(db: Database, collection_id: str, live: Live) -> None:
-    """Erase the chunks removed in (erased_to, watermark]; the caller holds live.lock."""
+    """Erase the chunks removed in (erased_to, watermark]; the caller holds live.lock.
+
+    An id the record holds live again is left alone: before migration 0008 SQLite handed a
+    purged id out again, and catch-up has already added the new chunk under it."""
     if live.erased_to >= live.watermark:
         return
     with db.connect() as conn:
-        removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
+        removed = set(
+            changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
+        )
+        if removed:
+            removed -= chunks.live_among(conn, collection_id, sorted(removed))
     if removed:
-        live.index.erase(np.array(sorted(set(removed)), dtype=np.int64))
+        live.index.erase(np.array(sorted(removed), dtype=np.int64))
     live.erased_to = live.watermark
 
 

@@ -45,6 +45,8 @@ class Live:
     stale: bool = False
     spec_checked_at: float = 0.0
     caught_up_at: float | None = None  # time.monotonic() when a catch-up last finished
+    # Ids the last check against SQL found missing or extra (None: not checked yet).
+    mismatch: int | None = None
 
     def __post_init__(self) -> None:
         # Held while changes are applied, snapshots written and rebuilds swapped in.

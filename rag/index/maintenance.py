@@ -2,8 +2,10 @@
 kind: it catches up, writes a snapshot after many changes, and rebuilds when an index outgrew
 its kind, needs retraining, holds too many tombstones, or the collection now declares another
 kind (changed by `rag index rebuild` in another process, or on another replica). Every
-`erase_interval_s` it has the manager purge what deletes removed (rag.index.manager), and an
-index whose collection was deleted is dropped as soon as the loop notices."""
+`erase_interval_s` it has the manager purge what deletes removed (rag.index.manager) and
+compare each index's count with SQL (repairing one that differs), and an index whose
+collection was deleted is dropped as soon as the loop notices. At start it checks the indexes
+of collections whose chunk ids SQLite reused before migration 0008."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ class Maintained(Protocol):
     ) -> Future[IndexState]: ...
     def snapshot(self, collection_id: str) -> Any: ...
     def purge(self) -> None: ...
+    def check_counts(self) -> None: ...
+    def check_reused(self) -> None: ...
     def drop(self, collection_id: str) -> None: ...
 
 
@@ -64,6 +68,10 @@ class Maintainer:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        try:
+            self.manager.check_reused()
+        except Exception:
+            log.exception("index check at start-up failed")
         while not self._stop.wait(self.interval_s):
             self.tick()
 
@@ -81,6 +89,10 @@ class Maintainer:
                 self.manager.purge()
             except Exception:
                 log.exception("index purge failed")
+            try:
+                self.manager.check_counts()
+            except Exception:
+                log.exception("index check against SQL failed")
 
     def maintain(self, collection_id: str, live: Live) -> None:
         if live.lock.locked():  # a search or snapshot is applying changes right now

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag.config import MilvusSettings
-from rag.db import Database, collections
+from rag.db import Database, changelog, collections
 from rag.errors import Invalid
 from rag.index import build_index, erase, index_class
+from rag.index import verify as against_sql
 from rag.index.base import Allowed, VectorIndex, Vectors
 from rag.index.live import IndexState, Live, SearchOutcome
 from rag.index.maintenance import Maintainer
@@ -181,6 +182,66 @@ class IndexManager:
             live.changes_since_snapshot = 0
         erase.drop_stale(self.db, collection_id, store)
         return manifest
+
+    # ------------------------------------------------------------------ checking with SQL
+
+    def check(self, collection_id: str) -> against_sql.Check:
+        """Compare the index with SQL: counts and ids (rag.index.check)."""
+        live = self._live(collection_id)
+        if _shared(live.index):
+            self.catch_up(collection_id)
+        with live.lock:
+            found = against_sql.check(self.db, self.source, collection_id, live)
+            live.mismatch = found.mismatch
+        return found
+
+    def repair(self, collection_id: str) -> against_sql.Check:
+        """Add what the index misses and erase what SQL no longer holds, then write a
+        snapshot (none holds the loss any more); returns what the check found before. A
+        Milvus index is rebuilt instead."""
+        live = self._live(collection_id)
+        if _shared(live.index):
+            found = self.check(collection_id)
+            if not found.ok:
+                self.rebuild(collection_id, "milvus", live.index.params).result()
+                self.check(collection_id)
+            return found
+        with live.lock:
+            found = against_sql.repair(self.db, self.source, collection_id, live)
+            live.mismatch = found.mismatch  # what was found (and fixed): the gauge shows it
+        if not found.ok:
+            log.warning(
+                "index %s repaired: %d missing vectors added, %d extra erased",
+                collection_id,
+                found.missing,
+                found.extra,
+            )
+            if not live.building:
+                self.snapshot(collection_id)
+        return found
+
+    def check_counts(self) -> None:
+        """Every open index's count against SQL (no lock held: searches never wait); one
+        that differs is checked id by id and repaired."""
+        for collection_id, live in self.lives():
+            if _shared(live.index):
+                continue
+            found = against_sql.count_check(self.db, self.source, collection_id, live)
+            if found is None:
+                continue
+            live.mismatch = found.mismatch
+            if not found.ok:
+                self.repair(collection_id)
+
+    def check_reused(self) -> None:
+        """An install whose SQLite handed purged chunk ids out again (before migration 0008):
+        the indexes of the collections concerned are checked against SQL and repaired."""
+        with self.db.read() as session:
+            concerned = changelog.collections_with_reused_ids(session)
+            concerned = sorted(collections.live_among(session, concerned))
+        for collection_id in concerned:
+            log.info("index %s: chunk ids were reused; checking it against SQL", collection_id)
+            self.repair(collection_id)
 
     # --------------------------------------------------------------------------- purging
 
@@ -370,6 +431,7 @@ class IndexManager:
                 collection_id, live.index, live.watermark
             )
             live.changes_since_snapshot += count
+            live.caught_up_at = time.monotonic()
         return live
 
     # ------------------------------------------------------------------------ rebuilding

@@ -83,6 +83,12 @@ class SqlSource:
                 self._add(session, collection_id, index, ids, vectors)
         return watermark
 
+    def add_vectors(
+        self, collection_id: str, index: VectorIndex, ids: Ids, vectors: Vectors
+    ) -> None:
+        """Add rows read from SQL to `index` (with their attributes, where it keeps them)."""
+        self._add(None, collection_id, index, ids, vectors)
+
     def _add(
         self,
         session: Any,  # a read session of rag.db, or None to open one

@@ -146,6 +146,7 @@ class ServiceCollector(Collector):
             yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 0)
         else:
             yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 1)
+        yield _index_metrics(services)
         if services.engine_loaded:
             yield from _engine_metrics(services)
 
@@ -177,6 +178,18 @@ def _chunk_metrics(services: Services) -> Iterator[Metric]:
     for collection_id, n in rows.items():
         family.add_metric([collection_id], n)
     yield family
+
+
+def _index_metrics(services: Services) -> Metric:
+    family = GaugeMetricFamily(
+        "rag_index_mismatch",
+        "Ids an open index missed or held beyond SQL at its last check (repaired since)",
+        labels=["collection", "kind"],
+    )
+    for collection_id, live in services.indexes.lives():
+        if live.mismatch is not None:
+            family.add_metric([collection_id, live.index.kind], live.mismatch)
+    return family
 
 
 def _engine_metrics(services: Services) -> Iterator[Metric]:

@@ -70,8 +70,12 @@ _MAX_FILENAME_CHARS = 200
 _MAX_ZIP_ENTRIES = 10_000
 
 _HTML_HINT = re.compile(r"<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>]", re.IGNORECASE)
+# Linear on any input: a link's text stops at the next `[` and its target at the next `(`,
+# so the scans from different starting brackets never overlap (`[^\]\n]+` rescanned a run of
+# `[` from each of them: 64 KiB took seconds, holding the GIL), and both are bounded.
 _MD_HINT = re.compile(
-    r"^(#{1,6} \S|```|~~~|[-*+] \S|\d+\. \S|> \S)|\[[^\]\n]+\]\([^)\n]+\)|\*\*\S",
+    r"^(#{1,6} \S|```|~~~|[-*+] \S|\d+\. \S|> \S)"
+    r"|\[[^\[\]\n]{1,500}\]\([^()\n]{1,2000}\)|\*\*\S",
     re.MULTILINE,
 )
 
@@ -208,16 +212,31 @@ def _zip_entry_count(data: bytes) -> int:
     declaring 1 entry may hold 20,000). So the directory's real entries are counted here, by
     their header signatures in that range (at C speed; a signature inside a name only makes
     the count larger), before zipfile builds an object for each."""
-    at = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_557))
-    if at == -1 or at + 22 > len(data):
+    at = _end_record_at(data)
+    if at == -1:
         return 0  # no record: zipfile will call the archive damaged
+    if data[max(0, at - 20) : at].startswith(b"PK\x06\x07"):
+        # A ZIP64 locator: zipfile would take the count and directory size from the ZIP64
+        # record instead, which this count never saw. A .docx never needs ZIP64.
+        raise UnsupportedMediaType("the zip archive uses ZIP64, which a .docx never needs")
     declared, size, offset = struct.unpack_from("<HII", data, at + 10)
     if declared == 0xFFFF or 0xFFFFFFFF in (size, offset):
-        return 1 << 32  # ZIP64, never a real .docx
+        return 1 << 32  # ZIP64 markers, never a real .docx
     start = at - size  # where zipfile looks for the directory (data may precede the zip)
     if start < 0:
         return 0  # zipfile will call the archive damaged
     return max(int(declared), data.count(b"PK\x01\x02", start, at))
+
+
+def _end_record_at(data: bytes) -> int:
+    """Where zipfile finds the end-of-central-directory record, or -1: the last 22 bytes when
+    they are a record without a comment, else the last signature in the final 64 KiB + 22
+    (a signature inside the record's own fields must not move it)."""
+    tail = len(data) - 22
+    if tail >= 0 and data.startswith(b"PK\x05\x06", tail) and data.endswith(b"\x00\x00"):
+        return tail
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_558))
+    return at if at != -1 and at + 22 <= len(data) else -1
 
 
 def _control_ratio(text: str) -> float:

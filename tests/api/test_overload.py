@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -279,3 +280,46 @@ def test_one_tenant_runs_at_most_its_share_of_the_threads() -> None:
 
     asyncio.run(scenario())
     assert peak == {"a": 2, "b": 1}
+
+
+def test_a_flood_of_invalid_keys_never_holds_up_a_valid_key(
+    sqlite_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key lookups that miss the cache all waited in one line, made-up keys and valid ones
+    alike: a flood of invalid keys made a valid key wait (or 429) behind all of them. Unknown
+    keys now have a line of their own, bounded, and never hold every lookup thread."""
+    import rag.api.deps
+
+    api = sqlite_api
+    pools = _pools(api, auth_threads=2, thread_queue=64, tenant_queue=4)
+    assert api.client.get("/v1/collections", headers=api.a).status_code == 200  # seen once
+    api.services.key_cache.ttl_s = 0  # every request looks its key up
+    api.services.key_cache._entries.clear()
+    release = threading.Event()
+    real = rag.api.deps.authenticate
+
+    def slow_for_made_up_keys(db: Any, authorization: str | None, cache: Any = None) -> Any:
+        if authorization != api.a["Authorization"]:
+            release.wait(10)
+        return real(db, authorization, cache)
+
+    monkeypatch.setattr(rag.api.deps, "authenticate", slow_for_made_up_keys)
+
+    def made_up(i: int) -> int:
+        bad = {"Authorization": f"Bearer rag_made_up_{i:04d}_xxxxxxxxxxxxxxxxxxxxxxxx"}
+        return api.client.get("/v1/collections", headers=bad).status_code
+
+    with ThreadPoolExecutor(12) as flood:
+        statuses = [flood.submit(made_up, i) for i in range(12)]
+        for _ in range(200):
+            if pools.auth.admitted >= 5:
+                break
+            threading.Event().wait(0.02)
+        started = time.monotonic()
+        r = api.client.get("/v1/collections", headers=api.a)
+        waited = time.monotonic() - started
+        release.set()
+        assert r.status_code == 200, r.text  # not refused
+        assert waited < 5, waited  # and not behind them (each holds a thread 10 s)
+        answers = sorted(s.result(30) for s in statuses)
+    assert set(answers) <= {401, 429} and 401 in answers and 429 in answers

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select, text
 
+from rag.db import fulltext
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob
 from rag.embed import HashEmbedder
 from rag.purge import Removed
@@ -95,9 +96,12 @@ def test_deleted_document_leaves_no_bytes_in_any_file(
     }
     with api.services.db.read() as s:
         blobs = s.scalar(select(func.count()).select_from(Blob))
-        fts = s.execute(
-            text("SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH :q"), {"q": SECRET[0]}
-        ).scalar()
+        fts = sum(
+            s.execute(
+                text(f"SELECT count(*) FROM {t} WHERE {t} MATCH :q"), {"q": SECRET[0]}
+            ).scalar_one()
+            for t in fulltext.tables(s)
+        )
     assert blobs == 1 and fts == 0
     index = api.services.indexes.get(cid)
     with api.services.db.read() as s:
@@ -301,3 +305,67 @@ def test_purgers_in_several_processes_share_the_work(api: Api) -> None:
         db.dispose()
     assert errors == [] and sum(erased) == 6
     assert all(_rows_of(api, doc)["documents"] == 0 for doc in docs)
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "faiss_flat"])
+def test_a_document_uploaded_after_a_delete_and_a_purge_stays_in_the_index(
+    make_api: Callable[..., Api], sqlite_url: str, kind: str
+) -> None:
+    """Issue 31: SQLite handed the purged (highest) chunk ids out again, and the index purge
+    then erased every id with a "remove" entry, the new document's included."""
+    api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
+    cid = api.collection(api.a, index={"kind": kind})
+    kept = _indexed(api, api.a, cid, KEPT)
+    doomed = _indexed(api, api.a, cid, SECRET)
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "tides"}, headers=api.a)
+    with api.services.db.read() as s:
+        old_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == doomed)))
+        old_seq = int(s.scalar(select(func.max(ChangeLog.seq))) or 0)
+    assert api.client.delete(f"/v1/documents/{doomed}", headers=api.a).status_code == 204
+    _purge(api)
+    new = _indexed(api, api.a, cid, ["lagoonpelicanqz"])
+    _purge(api)
+    with api.services.db.read() as s:
+        new_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == new)))
+        kept_ids = set(s.scalars(select(Chunk.id).where(Chunk.document_id == kept)))
+        new_seqs = set(s.scalars(select(ChangeLog.seq).where(ChangeLog.document_id == new)))
+    assert min(new_ids) > max(old_ids)  # ids are never handed out twice
+    assert min(new_seqs) > old_seq
+    api.services.indexes.catch_up(cid)
+    assert set(api.services.indexes.get(cid).ids().tolist()) == kept_ids | new_ids
+    api.services.indexes.snapshot(cid)
+    api.services.indexes.forget(cid)  # the next open loads the snapshot
+    assert set(api.services.indexes.get(cid).ids().tolist()) == kept_ids | new_ids
+
+
+def test_reclaim_never_waits_for_a_reader_holding_the_write_lock(api: Api) -> None:
+    """Issue 31: the WAL checkpoint (TRUNCATE) waited up to the 60 s busy timeout for a long
+    reader (an index rebuild) while holding the write lock: every upload stalled. It gives up
+    at once and truncates on a later round."""
+    import sqlite3
+    import threading
+
+    from rag.db.purge import reclaim
+
+    db = api.services.db
+    if not db.is_sqlite:
+        pytest.skip("a SQLite WAL")
+    cid = api.collection(api.a)
+    _indexed(api, api.a, cid, KEPT)
+    reader = sqlite3.connect(db.url.database or "", check_same_thread=False)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM chunks").fetchone()  # a long read, as a rebuild's
+        _indexed(api, api.a, cid, SECRET)  # frames the reader's snapshot does not see
+        outcome: list[bool] = []
+        worker = threading.Thread(target=lambda: outcome.append(reclaim(db)))
+        t0 = time.monotonic()
+        worker.start()
+        worker.join(5)
+        assert not worker.is_alive(), "the checkpoint waited for the reader"
+        assert outcome == [False] and time.monotonic() - t0 < 5
+        _indexed(api, api.a, cid, ["lagoonpelicanqz"])  # writers go on meanwhile
+    finally:
+        reader.rollback()
+        reader.close()
+    assert reclaim(db)  # the reader gone, the next round truncates

@@ -230,3 +230,65 @@ def test_keyword_side_ignores_stopwords(api: Api) -> None:
             sql("SELECT document_id FROM chunks WHERE id = :id"), {"id": hits[0][0]}
         ).scalar_one()
     assert chunk_doc == docs[0]
+
+
+def test_keyword_scores_do_not_move_when_another_tenant_ingests(api: Api) -> None:
+    """BM25's statistics (document count, lengths, how many documents hold a word) are the
+    collection's own: another tenant ingesting the same words changes nothing a tenant sees.
+    (One shared FTS5 table made bm25() a signal of what other tenants hold.)"""
+    ca = api.collection(api.a)
+    _ingest(api, api.a, ca, FACTS)
+    query = {"query": "ferry harbour lighthouse radio", "k": 6, "hybrid": 0.5, "exact": True}
+
+    def scores() -> list[tuple[str, float | None, float]]:
+        out = _search(api, api.a, ca, **query)
+        return [(p["chunk_id"], p["keyword_score"], p["score"]) for p in out["passages"]]
+
+    before = scores()
+    assert any(kw for _, kw, _ in before)
+    cb = api.collection(api.b)
+    _ingest(api, api.b, cb, ["ferry " * 30, "harbour harbour lighthouse", "radio " + FACTS[0]])
+    other = api.collection(api.a, name="other")  # the tenant's other collection, too
+    _ingest(api, api.a, other, ["lighthouse radio ferry"] * 3)
+    assert scores() == before
+
+
+def test_metadata_filters_compare_by_type_and_never_fail(api: Api) -> None:
+    """A filter means the same on SQLite, PostgreSQL and inside Milvus (rag.index.milvus
+    .filters.matches): a boolean is not a number, 3 equals 3.0, a value of another type
+    than the document's simply does not match (PostgreSQL cast the text: a 500), and a key is
+    one key (a `"` broke SQLite's JSON path: a 500, or a path into nested objects)."""
+    cid = api.collection(api.a)
+    metas = [
+        {"flag": True, "n": 1, "x": "1", "q": 1},
+        {"flag": 1, "n": 3.0, "x": "abc"},
+        {"flag": "true", "n": "3", "x": 2.5, 'q"uote': "yes", "q.b": 2},
+    ]
+    docs = []
+    for i, meta in enumerate(metas):
+        item = api.upload_text(api.a, cid, f"{FACTS[i]} ({i})", metadata=meta)
+        assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+        docs.append(item["document_id"])
+
+    def found(**metadata: object) -> set[int]:
+        r = api.client.post(
+            f"/v1/collections/{cid}/search",
+            json={"query": "ferry lighthouse", "k": 10, "filter": {"metadata": metadata}},
+            headers=api.a,
+        )
+        assert r.status_code == 200, r.text
+        return {docs.index(p["document_id"]) for p in r.json()["passages"]}
+
+    assert found(flag=True) == {0}
+    assert found(flag=1) == {1}
+    assert found(flag="true") == {2}
+    assert found(n=3) == {1} and found(n=3.0) == {1} and found(n="3") == {2}
+    assert found(x=1) == set() and found(x="abc") == {1} and found(x=2.5) == {2}
+    assert found(**{'q"uote': "yes"}) == {2} and found(**{"q.b": 2}) == {2}
+    for key in ('q"."b', 'q"'):
+        r = api.client.post(
+            f"/v1/collections/{cid}/search",
+            json={"query": "ferry", "filter": {"metadata": {key: 1}}},
+            headers=api.a,
+        )
+        assert r.status_code == 422 and "metadata key" in r.text, (key, r.text)

@@ -101,13 +101,35 @@ def test_chat_stream_text_finish_and_usage():
         assert "".join(e.text for e in events) == "Hello world"
         last = events[-1]
         assert last.finish_reason is FinishReason.LENGTH
-        assert (last.usage.prompt_tokens, last.usage.cached_prompt_tokens) == (11, 8)
+        # The server's prefix cache may hold other tenants' prompts: its count stays there.
+        assert (last.usage.prompt_tokens, last.usage.cached_prompt_tokens) == (11, 0)
         assert last.usage.completion_tokens == 3
         path, headers, body = srv.requests[0]
         assert path == "/v1/chat/completions" and headers["authorization"] == "Bearer secret"
         assert body["messages"] == messages and body["stream"] is True
         assert (body["max_tokens"], body["seed"], body["stop"]) == (3, 7, ["x"])
         assert engine.metrics().running == 0
+
+    asyncio.run(main())
+
+
+def test_each_tenant_sends_its_own_cache_salt():
+    """A shared vLLM prefix cache is keyed by `cache_salt`: without it, one tenant's
+    time-to-first-token (and the reported cached tokens) tells whether another's prompt
+    was seen. Each tenant's salt is its own, stable, and not its id."""
+
+    async def main():
+        async with FakeOpenAIServer() as srv:
+            engine = remote(srv.port)
+            messages = [{"role": "user", "content": "hi"}]
+            for salt in ("tenant-a", "tenant-a", "tenant-b"):
+                events = [ev async for ev in engine.submit(messages, cache_salt=salt)]
+                assert events[-1].usage.cached_prompt_tokens == 0
+            async for _ in engine.submit("plain", cache_salt="tenant-a"):
+                pass
+        salts = [body.get("cache_salt") for _, _, body in srv.requests]
+        assert salts[0] and salts[0] == salts[1] == salts[3] != salts[2]
+        assert all(s and "tenant" not in s for s in salts)
 
     asyncio.run(main())
 

@@ -384,3 +384,75 @@ def test_purge_removes_what_a_crashed_snapshot_writer_left(
         os.utime(path, (old, old))
     manager.purge()
     assert not dead.exists() and busy.exists()
+
+
+def test_erase_never_drops_a_live_id(manager: IndexManager, seeder: Seeder, db: Database) -> None:
+    """A "remove" entry for an id that is live again (SQLite reused ids before 0008): the
+    purge erases what catch-up removed, never a chunk SQL still holds."""
+    cid = seeder.collection()
+    doc, ids, _ = seeder.document(cid, 4)
+    manager.get(cid)
+    from rag.db.models import ChangeLog
+
+    with db.write() as s:
+        s.add(ChangeLog(collection_id=cid, op="remove", chunk_id=ids[0], document_id="gone"))
+        s.add(ChangeLog(collection_id=cid, op="add", chunk_id=ids[0], document_id=doc))
+    manager.purge()
+    assert all_ids(manager, cid) == set(ids)
+
+
+def test_check_finds_and_repair_fixes_what_the_index_lost(
+    manager: IndexManager, seeder: Seeder, db: Database
+) -> None:
+    cid = seeder.collection(kind="hnsw")
+    _, ids, vecs = seeder.document(cid, 6)
+    assert manager.check(cid).ok
+    index = manager.get(cid)
+    index.erase(np.array(ids[:2], dtype=np.int64))  # lost, as the id reuse lost them
+    index.add(np.array([999], dtype=np.int64), vecs[:1])  # a vector SQL does not hold
+    found = manager.check(cid)
+    assert (found.missing, found.extra, found.index_count, found.sql_count) == (2, 1, 5, 6)
+    assert found.missing_sample == tuple(ids[:2]) and found.extra_sample == (999,)
+    assert not manager.repair(cid).ok
+    assert manager.check(cid).ok and all_ids(manager, cid) == set(ids)
+    assert top1(manager, cid, vecs[:2]) == ids[:2]
+    # The repair was written down: a process that opens the snapshot has it too.
+    fresh = IndexManager(db, manager.data_dir, MODEL, DIM)
+    try:
+        assert fresh.state(cid).generation is not None and all_ids(fresh, cid) == set(ids)
+    finally:
+        fresh.close()
+
+
+def test_the_loop_repairs_a_count_that_differs_and_reports_it(
+    manager: IndexManager, seeder: Seeder
+) -> None:
+    cid = seeder.collection()
+    _, ids, _ = seeder.document(cid, 5)
+    manager.get(cid).erase(np.array(ids[:1], dtype=np.int64))
+    manager.check_counts()
+    live = dict(manager.lives())[cid]
+    assert live.mismatch == 1 and all_ids(manager, cid) == set(ids)
+    manager.check_counts()
+    assert live.mismatch == 0
+
+
+def test_reused_ids_are_checked_at_start(
+    manager: IndexManager, seeder: Seeder, db: Database
+) -> None:
+    """A snapshot written while an id was reused (before 0008) lacks the live chunk: the
+    start-up check of an install with reused ids puts it back."""
+    cid = seeder.collection()
+    _, ids, _ = seeder.document(cid, 3)
+    manager.get(cid).erase(np.array(ids[:1], dtype=np.int64))
+    manager.snapshot(cid)
+    from rag.db.models import ChangeLog
+
+    with db.write() as s:
+        s.add(ChangeLog(collection_id=cid, op="remove", chunk_id=ids[0], document_id="gone"))
+    fresh = IndexManager(db, manager.data_dir, MODEL, DIM)
+    try:
+        fresh.check_reused()
+        assert all_ids(fresh, cid) == set(ids)
+    finally:
+        fresh.close()

@@ -90,3 +90,19 @@ def test_the_api_refuses_before_allocating(
     assert r.json()["error"]["code"] == "invalid"
     row = api.client.get(f"/v1/collections/{cid}", headers=api.a).json()
     assert (row["index_kind"], row["index_params"]) == ("hnsw", {"m": 8})
+
+
+@pytest.mark.parametrize("kind", ["faiss_ivf", "faiss_ivf_sq8"])
+def test_ivf_lists_are_capped(kind: str) -> None:
+    """k-means costs n x nlist x dim an iteration: 65,536 lists was minutes of CPU for one
+    rebuild request. 4,096 suits up to ~1 M vectors (~4 sqrt(n)), and training never makes
+    more lists than n / 39 (faiss's fewest training points a list)."""
+    with pytest.raises(Invalid, match="nlist"):
+        check_params(kind, {"nlist": 65_536})
+    assert check_params(kind, {"nlist": 4096}) == {"nlist": 4096}
+    import numpy as np
+
+    index = index_class(kind)(8, nlist=4096, min_train=400)  # type: ignore[call-arg]
+    vectors = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    index.add(np.arange(400, dtype=np.int64), vectors / np.linalg.norm(vectors, axis=1)[:, None])
+    assert index._trained_nlist == 400 // 39  # type: ignore[attr-defined]

@@ -117,7 +117,7 @@ class FlakyEmbedder(HashEmbedder):
         super().__init__()
         self.failures = failures
 
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    def embed(self, texts: Sequence[str], deadline: object = None) -> npt.NDArray[np.float32]:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("transient embedding fault")
@@ -379,3 +379,30 @@ def test_worker_threads_run_at_a_lower_priority(db: Database) -> None:
     thread.join(10)
     assert seen == [min(19, before + 7)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # not ours
+
+
+def test_a_one_token_word_is_chunked_within_the_character_bound(db: Database) -> None:
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    _upload(db, cid, "Before it. " + "x" * 300_000 + " after it.")
+    worker = Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS)
+    assert worker.run_once()
+    with db.read() as s:
+        lengths = [len(t) for t in s.scalars(select(Chunk.text))]
+    assert lengths and max(lengths) <= 64 * SETTINGS.chunk_chars_per_token
+
+
+@pytest.mark.timeout(60)
+def test_markdown_is_parsed_under_the_time_limit() -> None:
+    """Markdown was parsed in the worker's (the API's) own process with no time limit:
+    a few MB of `[` held a core for over a minute. It now runs where the other parsers do."""
+    from ingest.pipeline import PermanentFailure
+    from rag.upload.detect import MARKDOWN
+
+    settings = IngestSettings(parse_timeout_s=0.5)
+    pipeline = Pipeline(None, HashEmbedder(), settings)  # type: ignore[arg-type]
+    started = time.monotonic()
+    with pytest.raises(PermanentFailure, match="timed out"):
+        pipeline.parse(b"[" * 3_000_000, MARKDOWN)
+    assert time.monotonic() - started < 10
+    assert pipeline.parse(b"# Title\n\nSome [link](x).\n", MARKDOWN).startswith("# Title")

@@ -33,7 +33,11 @@ def test_the_generator_loads_in_the_background_at_start(
         return built[-1]
 
     monkeypatch.setattr(build, "build_engine", slow_build)
-    api = make_api(sqlite_url, hash_embedder, sections={"engine": {"load_at_start": True}})
+    api = make_api(
+        sqlite_url,
+        hash_embedder,
+        sections={"engine": {"load_at_start": True}, "metrics": {"readyz_cache_s": 0}},
+    )
     r = api.client.get("/readyz")
     assert r.status_code == 200, r.text
     assert r.json()["checks"]["generator"] == {"ok": True, "loaded": False, "loading": True}

@@ -75,6 +75,22 @@ def test_metrics_parse_and_counters_move(api: Api) -> None:
     assert not any(key[0].startswith("rag_engine") for key in after)
 
 
+def test_an_index_that_lost_vectors_shows_in_the_mismatch_gauge(sqlite_api: Api) -> None:
+    api = sqlite_api
+    cid = api.collection(api.a, index={"kind": "hnsw"})
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    index = api.services.indexes.get(cid)
+    index.erase(index.ids())
+    api.services.indexes.check_counts()
+    after = _scrape(api.client)
+    assert _value(after, "rag_index_mismatch", collection=cid, kind="hnsw") == 1
+    assert len(api.services.indexes.get(cid)) == 1  # repaired
+    api.services.indexes.check_counts()
+    assert _value(_scrape(api.client), "rag_index_mismatch", collection=cid, kind="hnsw") == 0
+
+
 def test_unmatched_paths_share_one_label(sqlite_api: Api) -> None:
     api = sqlite_api
     for i in range(3):
@@ -218,7 +234,7 @@ def test_engine_figures_once_loaded(
 def test_readyz_ready_then_database_gone(
     make_api: Callable[..., Api], db_url: str, hash_embedder: HashEmbedder
 ) -> None:
-    api = make_api(db_url, hash_embedder)
+    api = make_api(db_url, hash_embedder, sections={"metrics": {"readyz_cache_s": 0}})
     cid = api.collection(api.a)
     item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
     api.wait_job(api.a, item["job_id"])
@@ -315,20 +331,17 @@ def test_readyz_names_an_index_that_has_fallen_behind(
         for text in ("Tide tables are printed monthly.", "Storm warnings on channel 16."):
             item = api.upload_text(api.a, cid, text)
             assert api.wait_job(api.a, item["job_id"])["state"] == "done"
-        # Two changes behind; a catch-up batch is normally far more, so shrink it to one.
-        replica.indexes.catch_up_batch = 1
+        # Behind while catch-ups keep finishing (an upload burst) is not a reason to leave
+        # the load balancer: it counts once none has finished for a while. Known without a
+        # query: a probe from anyone costs none per index.
+        live = dict(replica.indexes.lives())[cid]
+        assert readiness(replica)["indexes"]["ok"] is True
+        live.caught_up_at = time.monotonic() - BEHIND_AFTER_S - 1
         checks = readiness(replica)
         assert checks["indexes"]["ok"] is False
         assert checks["indexes"]["behind"] == 1  # counted: probes carry no key, ids stay out
         assert cid not in str(checks)
         assert checks["database"]["ok"] and checks["embedder"]["ok"]
-        # Behind while catch-ups keep finishing (an upload burst) is not a reason to leave
-        # the load balancer: it counts once none has finished for a while.
-        live = dict(replica.indexes.lives())[cid]
-        live.caught_up_at = time.monotonic()
-        assert readiness(replica)["indexes"]["ok"] is True
-        live.caught_up_at = time.monotonic() - BEHIND_AFTER_S - 1
-        assert readiness(replica)["indexes"]["ok"] is False
         replica.indexes.catch_up(cid)
         assert readiness(replica)["indexes"] == {"ok": True, "open": 1}
     finally:
@@ -366,3 +379,40 @@ def test_a_rebuild_keeps_the_replica_ready_and_readyz_names_no_collection(
         assert cid not in r.text
     finally:
         release.set()
+
+
+def test_readyz_reports_a_dead_step_thread_and_is_cheap(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder
+) -> None:
+    """Issue 31: /readyz said generator ok whatever the step thread did, and ran a query per
+    open index for anyone."""
+    from sqlalchemy import event
+
+    engine = _FakeEngine()
+    api = make_api(
+        sqlite_url, hash_embedder, engine=engine, sections={"metrics": {"readyz_cache_s": 0}}
+    )
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    api.wait_job(api.a, item["job_id"])
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(api.services.db.engine, "before_cursor_execute", record)
+    try:
+        assert api.client.get("/readyz").status_code == 200
+        engine.alive = False  # type: ignore[attr-defined]
+        r = api.client.get("/readyz")
+    finally:
+        event.remove(api.services.db.engine, "before_cursor_execute", record)
+    assert r.status_code == 503
+    assert r.json()["checks"]["generator"]["ok"] is False
+    assert "step thread" in r.json()["checks"]["generator"]["error"]
+    assert not any("change_log" in s for s in statements)  # the ping only
+    # Cached: a burst of probes within readyz_cache_s costs one check.
+    api.services.settings.metrics.readyz_cache_s = 60.0
+    engine.alive = True  # type: ignore[attr-defined]
+    assert api.client.get("/readyz").status_code == 503

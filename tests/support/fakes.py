@@ -23,6 +23,9 @@ class BackendBasics:
     def has_room(self) -> bool:
         return self.waiting < self.max_waiting
 
+    def step_alive(self) -> bool:
+        return getattr(self, "alive", True)
+
     def drop_chunks(self, chunk_ids: set[int]) -> None:
         self.dropped = getattr(self, "dropped", set()) | chunk_ids
 

@@ -197,3 +197,52 @@ def test_real_tokenizer_on_5mb_is_fast(minilm: SentenceTransformerEmbedder) -> N
     elapsed = time.monotonic() - started
     assert len(chunks) > 1000
     assert elapsed < 60, elapsed
+
+
+def _word_spans(text: str) -> list[tuple[int, int]]:
+    """A tokenizer that, like WordPiece past 100 characters, makes one token of any word."""
+    import re
+
+    return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+@pytest.mark.parametrize("overlap", [0, 8, 31])
+def test_chunks_are_bounded_in_characters_too(overlap: int) -> None:
+    # A 300,000-character word is one token ([UNK]): bounded in tokens alone it was one chunk.
+    text = "a few words first. " * 5 + "x" * 300_000 + " and some words after it." * 20
+    chunks = chunk_text(text, _word_spans, 64, overlap, max_chars=2_000)
+    assert chunks
+    assert max(len(c.text) for c in chunks) <= 2_000
+    for chunk in chunks:
+        assert text[chunk.start_char : chunk.end_char] == chunk.text
+        assert 0 < chunk.token_count <= 64
+    for before, after in zip(chunks, chunks[1:], strict=False):
+        assert before.start_char < after.start_char and before.end_char < after.end_char
+    # Everything is covered, and overlap does not multiply the stored text.
+    covered = sorted((c.start_char, c.end_char) for c in chunks)
+    reach = 0
+    for a, b in covered:
+        assert a <= reach or not text[reach:a].strip()
+        reach = max(reach, b)
+    assert not text[reach:].strip()
+    assert sum(len(c.text) for c in chunks) <= 3 * len(text)
+
+
+def test_character_bound_leaves_ordinary_text_alone() -> None:
+    text = random_text(random.Random(5), 3000)
+    assert chunk_text(text, HASH.token_spans, 50, 10, max_chars=50 * 16) == chunk_text(
+        text, HASH.token_spans, 50, 10
+    )
+
+
+def test_real_tokenizer_one_token_word_is_cut_by_characters(
+    minilm: SentenceTransformerEmbedder,
+) -> None:
+    text = "Before. " + "y" * 300_000 + " after."
+    assert len(minilm.token_spans(text)) < 10
+    chunks = chunk_text(text, minilm.token_spans, minilm.max_tokens, 32, max_chars=2_560)
+    assert max(len(c.text) for c in chunks) <= 2_560
+    assert chunks[0].text.startswith("Before.") and chunks[-1].text.endswith("after.")
+    for chunk in chunks:
+        assert text[chunk.start_char : chunk.end_char] == chunk.text
+        assert len(minilm.token_spans(chunk.text)) <= minilm.max_tokens

@@ -167,3 +167,67 @@ def test_a_zip_that_understates_its_entries_is_refused_before_zipfile_reads_it(
 
 def test_a_small_zip_with_a_wrong_count_is_still_read() -> None:
     assert detect_media_type(_lying_zip(10), "memo.docx", DOCX) == DOCX
+
+
+def _zip64_lying(entries: int) -> bytes:
+    """A .docx-looking zip whose classic end record declares 1 entry and a tiny directory,
+    with a ZIP64 end record and locator (which zipfile prefers) giving the real directory."""
+    names = ["[Content_Types].xml", "_rels/.rels", "word/document.xml"]
+    data = bytearray(_zip(names + [f"word/media/{i}.xml" for i in range(entries)]))
+    at = data.rfind(b"PK\x05\x06")
+    total, size, offset = struct.unpack_from("<HII", data, at + 10)
+    real = len(names) + entries
+    record64 = struct.pack(
+        "<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, real, real, size, offset
+    )
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, at, 1)
+    end = bytearray(data[at:])
+    struct.pack_into("<HHI", end, 8, 1, 1, len(record64) + len(locator))  # 1 entry, tiny size
+    return bytes(data[:at]) + record64 + locator + bytes(end)
+
+
+def test_a_zip64_archive_is_refused_before_zipfile_reads_its_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag.upload import detect
+
+    data = _zip64_lying(20_000)
+    assert len(zipfile.ZipFile(io.BytesIO(data)).namelist()) == 20_003  # zipfile reads all
+    opened: list[object] = []
+    monkeypatch.setattr(detect.zipfile, "ZipFile", lambda *a, **k: opened.append(a))
+    with pytest.raises(UnsupportedMediaType, match="ZIP64"):
+        detect_media_type(data, "big.docx", DOCX)
+    assert opened == []
+
+
+def test_an_end_record_found_where_zipfile_finds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zipfile takes the last 22 bytes as the end record when they look like one; a later
+    signature inside that record's own fields must not hide it from the count."""
+    from rag.upload import detect
+
+    data = bytearray(_lying_zip(20_000))
+    at = data.rfind(b"PK\x05\x06")
+    # zipfile finds the directory just before the end record whatever its offset field says
+    # (data may precede a zip), so the field may read as a signature: rfind then stops there.
+    data[at + 16 : at + 20] = b"PK\x05\x06"
+    padded = bytes(data)
+    assert padded.rfind(b"PK\x05\x06") == len(padded) - 6
+    assert len(zipfile.ZipFile(io.BytesIO(padded)).namelist()) == 20_003
+    opened: list[object] = []
+    monkeypatch.setattr(detect.zipfile, "ZipFile", lambda *a, **k: opened.append(a))
+    with pytest.raises(UnsupportedMediaType, match="too many entries"):
+        detect._sniff_family(padded)
+    assert opened == []
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("run", ["[", "[a", "[a](", "[a](b"])
+def test_markdown_hint_is_linear_on_bracket_runs(run: str) -> None:
+    """The markdown hint backtracked quadratically on runs of `[` (64 KiB: 15 s holding the
+    GIL). The whole sniffed prefix of such runs must take milliseconds."""
+    import time
+
+    data = (run * (65_536 // len(run) + 1)).encode()[:65_536]
+    started = time.perf_counter()
+    assert detect_media_type(data, None, None) in (TEXT, MARKDOWN)
+    assert time.perf_counter() - started < 1.0

@@ -228,3 +228,28 @@ def test_a_steady_stream_of_queries_slows_ingest_but_cannot_stop_it() -> None:
         release.set()
         stuck.result(10)
         lane.close()
+
+
+def test_a_closed_lane_refuses_at_once_and_a_wait_keeps_the_deadline() -> None:
+    """Issue 31: once closed (the server's shutdown), submit queued and its future never
+    resolved: every later search waited forever."""
+    from concurrent.futures import Future
+
+    from rag.deadline import Deadline
+    from rag.errors import Unavailable
+
+    release = threading.Event()
+    lane = QueryLane(lambda texts: (release.wait(10), np.zeros((len(texts), 1), np.float32))[1], 1)
+    stuck: Future[np.ndarray] = lane.submit(["busy"])  # the lane is inside the encoder
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable, match="budget"):
+        lane.embed(["late"], Deadline.after_ms(100))
+    assert time.monotonic() - t0 < 2
+    lane.close(timeout_s=0)  # queued: "late"; still encoding: "busy"
+    with pytest.raises(Unavailable, match="closed"):
+        lane.submit(["after"])
+    release.set()
+    assert stuck.result(timeout=5).shape == (1, 1)
+    lane.close()
+    with pytest.raises(Unavailable, match="closed"):
+        lane.embed(["after"])

@@ -11,6 +11,7 @@ network. With `metrics.enabled=false` it answers 404.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
@@ -21,7 +22,6 @@ from rag.api.deps import PoolsDep, ServicesDep
 from rag.api.openapi import errors
 from rag.api.schemas import Health
 from rag.auth import authenticate, require_admin
-from rag.db import changelog
 from rag.errors import NotFound
 from rag.ops.metrics import CONTENT_TYPE
 from rag.services import Services
@@ -40,16 +40,24 @@ async def healthz() -> Health:
     "/readyz",
     responses={503: {"description": "not ready: the body says which checks failed"}},
 )
-def readyz(services: ServicesDep) -> JSONResponse:
+def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     """Ready to serve: the database answers, the embedding model is loaded, and every open
     vector index is caught up with the change log (its last catch-up finished, at most a
     batch behind). An index being rebuilt is counted, not a failure: its old generation
     serves until the new one is swapped in, so one tenant's rebuild never takes the replica
     out. The generator is built in the background as the service starts (or on the first
-    ask), so `generator.loaded` and `generator.loading` are reported, not required. 200 with
+    ask), so `generator.loaded` and `generator.loading` are reported, not required; once
+    loaded, its step thread must be alive (one that died leaves every ask waiting). 200 with
     the checks, or 503 with the same body saying what failed (counts, never collection ids).
-    Needs no API key."""
-    checks = readiness(services)
+    Needs no API key, so it is cheap: one database ping, no query per index, and answered
+    from a result at most `metrics.readyz_cache_s` old."""
+    ttl = services.settings.metrics.readyz_cache_s
+    cached: tuple[float, dict[str, Any]] | None = getattr(request.app.state, "readyz", None)
+    if cached is not None and time.monotonic() - cached[0] < ttl:
+        checks = cached[1]
+    else:
+        checks = readiness(services)
+        request.app.state.readyz = (time.monotonic(), checks)
     ready = all(c["ok"] for c in checks.values())
     body = {"status": "ready" if ready else "not ready", "checks": checks}
     return JSONResponse(body, 200 if ready else 503)
@@ -70,40 +78,39 @@ def readiness(services: Services) -> dict[str, dict[str, Any]]:
         checks["embedder"] = {"ok": False, "error": f"embedding model not loaded: {exc}"}
     # Loaded in the background at start (an ingest-only process never loads it): whether the
     # next ask waits for the load is worth knowing, but it is not a reason to refuse traffic.
-    checks["generator"] = {
+    generator: dict[str, Any] = {
         "ok": True,
         "loaded": services.engine_loaded,
         "loading": services.engine_loading,
     }
-    checks["indexes"] = _indexes(services, database_ok=checks["database"]["ok"])
+    if services.engine_loaded and not services.engine.step_alive():
+        generator.update(ok=False, error="the generator's step thread has died")
+    checks["generator"] = generator
+    checks["indexes"] = _indexes(services)
     return checks
 
 
-# An index more than a batch behind counts as not caught up once no catch-up has finished for
-# this long (the loop runs every RAG_INDEX__CATCH_UP_INTERVAL_S, 0.5 s by default).
+# An index counts as not caught up once no catch-up has finished for this long while nothing
+# holds it (the loop catches every open index up every RAG_INDEX__CATCH_UP_INTERVAL_S, 0.5 s
+# by default; a snapshot or repair in progress holds the index's lock).
 BEHIND_AFTER_S = 10.0
 
 
-def _indexes(services: Services, *, database_ok: bool) -> dict[str, Any]:
-    # Only indexes already open: a probe must not open (and build) every collection's index.
-    lives = services.indexes.open_collections()
+def _indexes(services: Services) -> dict[str, Any]:
+    # Only indexes already open, and only what this process knows of them: a probe must not
+    # open (and build) every collection's index, nor query SQL once per index.
+    lives = list(services.indexes.lives())
     rebuilding = stale = behind = 0
-    for cid in lives:
-        state = services.indexes.state(cid)
+    for _cid, live in lives:
+        state = live.state()
         if state.building:
             rebuilding += 1  # the index it replaces serves meanwhile
         elif state.stale:
             stale += 1
-        elif database_ok:
-            with services.db.read() as session:
-                lag = changelog.count_after(session, cid, state.watermark)
-            # A few changes committed since the last catch-up are normal (the background loop
-            # applies up to one batch per tick), and so is more during an upload burst while
-            # catch-ups keep finishing; more than a batch behind with no catch-up finished for
-            # BEHIND_AFTER_S is an index that is not catching up.
-            recent = state.caught_up_s_ago is not None and state.caught_up_s_ago < BEHIND_AFTER_S
-            if lag and lag > services.indexes.catch_up_batch and not recent:
-                behind += 1
+        elif not live.lock.locked() and (
+            state.caught_up_s_ago is None or state.caught_up_s_ago > BEHIND_AFTER_S
+        ):
+            behind += 1
     out: dict[str, Any] = {"ok": not (stale or behind), "open": len(lives)}
     for name, count in (("rebuilding", rebuilding), ("stale", stale), ("behind", behind)):
         if count:

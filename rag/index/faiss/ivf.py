@@ -39,17 +39,20 @@ from rag.knobs import Knobs
 log = logging.getLogger(__name__)
 
 
+MAX_NLIST = 4096
+
+
 class FaissIVFIndex(FaissBase):
     """IVF-Flat. Until `min_train` vectors exist it serves from a flat index; then it trains
     k-means on what it holds and moves everything into the inverted lists."""
 
     kind = "faiss_ivf"
     brute_force_max = BRUTE_FORCE_MAX
-    # nlist centroids of dim floats each are trained (and held) at once: 65,536 x 384-d is
-    # ~100 MB, faiss's own practical ceiling.
+    # k-means costs n x nlist x dim an iteration, in the process that serves searches:
+    # 4,096 lists suit up to ~1 M vectors (~4 sqrt(n)); 65,536 was minutes of CPU a rebuild.
     param_schema = {
-        "nlist": Param(int, 1, 65_536, nullable=True, doc="inverted lists (None: ~4 sqrt(n))"),
-        "nprobe": Param(int, 1, 65_536, nullable=True, doc="default lists scanned"),
+        "nlist": Param(int, 1, MAX_NLIST, nullable=True, doc="inverted lists (None: ~4 sqrt(n))"),
+        "nprobe": Param(int, 1, MAX_NLIST, nullable=True, doc="default lists scanned"),
         "min_train": Param(int, 1, 10_000_000, doc="vectors before k-means is trained"),
         "use_gpu": Param(bool, doc="a GPU replica for searches, when there is one"),
     }
@@ -106,7 +109,7 @@ class FaissIVFIndex(FaissBase):
     @staticmethod
     def auto_nlist(n: int) -> int:
         # ~4 sqrt(n) lists, and at least 39 training points per list as faiss recommends.
-        return max(1, min(int(4 * math.sqrt(n)), n // 39, 65536))
+        return max(1, min(int(4 * math.sqrt(n)), n // 39, MAX_NLIST))
 
     def _make_ivf(self, nlist: int) -> Any:
         quantizer = faiss.IndexFlatIP(self.dim)
@@ -136,7 +139,7 @@ class FaissIVFIndex(FaissBase):
         labels = faiss.vector_to_array(staging.id_map).astype(np.int64)
         vectors = staging.index.reconstruct_n(0, n)
         nlist = self.nlist or self.auto_nlist(n)
-        nlist = max(1, min(nlist, n))
+        nlist = max(1, min(nlist, n // 39))  # faiss's fewest training points a list
         ivf = self._make_ivf(nlist)
         ivf.train(vectors)
         ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
