@@ -257,9 +257,7 @@ def stands(phrase: str, text: str) -> bool:
 
 def correct(o: Outcome) -> bool:
     head = " ".join(first_sentences(o.answer).split())
-    return any(stands(a, head) for a in o.q.answers) and not any(
-        stands(w, head) for w in o.q.wrong
-    )
+    return any(stands(a, head) for a in o.q.answers) and not any(stands(w, head) for w in o.q.wrong)
 
 
 def refused(o: Outcome) -> bool:

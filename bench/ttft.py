@@ -23,8 +23,8 @@ costs in fidelity against full prefill.
    (full || reuse), and answer token-F1 against the FAQ's answer. Then the recompute share
    (tokens recomputed at the start of each passage) and the storage format swept on a part.
 
-Ends with FIGURE lines: ttft_p50_seen_ms, ttft_p50_default_ms, ttft_p50_vs_prefix, ttft_cold_vs_prefix,
-answers_per_s_vs_prefix, greedy_match_vs_full, first_token_kl, answer_f1_delta.
+Ends with FIGURE lines: ttft_p50_seen_ms, ttft_p50_default_ms, ttft_p50_vs_prefix,
+ttft_cold_vs_prefix, answers_per_s_vs_prefix, greedy_match_vs_full, first_token_kl, answer_f1_delta.
 
     python bench/ttft.py --contention 40  # in process: a fully cached prompt's first token
                                           # and decode rate, as the service runs, beside a

@@ -12,14 +12,15 @@ and a dict of its documents {id: text} (the collection the questions are asked o
 nothing of where the documents come from, so another set (bench/qa/company_*) is added by
 writing a loader and an entry in SETS. Standard library only.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -53,12 +54,17 @@ def load_jsonl(path: Path) -> list[dict]:
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise SystemExit(f"{path}:{n}: not JSON ({e})")
+                    raise SystemExit(f"{path}:{n}: not JSON ({e})") from None
     return out
 
 
-def check(questions: list[dict], docs: dict[str, str], *,
-          wrong_elsewhere: bool = True, balance_slack: int = 2) -> list[str]:
+def check(
+    questions: list[dict],
+    docs: dict[str, str],
+    *,
+    wrong_elsewhere: bool = True,
+    balance_slack: int = 2,
+) -> list[str]:
     """Problems with `questions` asked of the collection `docs` ({id: text}).
 
     wrong_elsewhere: every wrong string must occur in some collection document other than
@@ -69,16 +75,28 @@ def check(questions: list[dict], docs: dict[str, str], *,
     for n, q in enumerate(questions, 1):
         qid = q.get("id")
         where = f"{qid or f'line {n}'}"
-        p = lambda msg: problems.append(f"{where}: {msg}")  # noqa: E731
+
+        def p(msg: str, where: str = where) -> None:
+            problems.append(f"{where}: {msg}")
+
         if not isinstance(qid, str) or not qid:
             p("missing id")
         elif qid in seen:
             p("duplicate id")
         seen.add(qid)
-        bad_fields = [field for field, typ in (
-            ("question", str), ("answers", list), ("wrong", list), ("kind", str),
-            ("paraphrased", bool), ("answerable", bool), ("half", str))
-            if not isinstance(q.get(field), typ)]
+        bad_fields = [
+            field
+            for field, typ in (
+                ("question", str),
+                ("answers", list),
+                ("wrong", list),
+                ("kind", str),
+                ("paraphrased", bool),
+                ("answerable", bool),
+                ("half", str),
+            )
+            if not isinstance(q.get(field), typ)
+        ]
         if bad_fields:
             p(f"fields missing or of the wrong type: {', '.join(bad_fields)}")
             continue
@@ -124,9 +142,11 @@ def check(questions: list[dict], docs: dict[str, str], *,
 
 def balance(questions: list[dict], slack: int) -> list[str]:
     problems = []
-    for label, key in (("answerable", lambda q: q.get("answerable")),
-                       ("paraphrased", lambda q: q.get("paraphrased")),
-                       ("kind", lambda q: q.get("kind"))):
+    for label, key in (
+        ("answerable", lambda q: q.get("answerable")),
+        ("paraphrased", lambda q: q.get("paraphrased")),
+        ("kind", lambda q: q.get("kind")),
+    ):
         a = Counter(key(q) for q in questions if q.get("half") == "a")
         b = Counter(key(q) for q in questions if q.get("half") == "b")
         for v in sorted(set(a) | set(b), key=str):
@@ -144,18 +164,23 @@ def summary(questions: list[dict]) -> str:
         lines.append(
             f"  half {half}: {len(qs)} ({len(ans)} answerable, {len(qs) - len(ans)} unanswerable,"
             f" {sum(bool(q.get('paraphrased')) for q in ans)} paraphrased) kinds "
-            + " ".join(f"{k}={kinds[k]}" for k in sorted(kinds)))
+            + " ".join(f"{k}={kinds[k]}" for k in sorted(kinds))
+        )
     ans = [q for q in questions if q.get("answerable")]
-    lines.append(f"  total: {len(ans)} answerable ({sum(bool(q.get('paraphrased')) for q in ans)}"
-                 f" paraphrased, {sum(bool(q.get('wrong')) for q in ans)} with wrong),"
-                 f" {len(questions) - len(ans)} unanswerable")
+    lines.append(
+        f"  total: {len(ans)} answerable ({sum(bool(q.get('paraphrased')) for q in ans)}"
+        f" paraphrased, {sum(bool(q.get('wrong')) for q in ans)} with wrong),"
+        f" {len(questions) - len(ans)} unanswerable"
+    )
     return "\n".join(lines)
 
 
 # ---- sets ------------------------------------------------------------------------------
 
+
 def wiki_docs() -> dict[str, str]:
-    ids = [l.strip() for l in (HERE / "wiki_collection.txt").read_text().splitlines() if l.strip()]
+    lines = (HERE / "wiki_collection.txt").read_text().splitlines()
+    ids = [line.strip() for line in lines if line.strip()]
     wanted = set(ids)
     docs = {}
     with (SHARED / "wiki_vital" / "passages.jsonl").open(encoding="utf-8") as f:
@@ -165,8 +190,10 @@ def wiki_docs() -> dict[str, str]:
                 docs[d["_id"]] = d["text"]
     missing = wanted - set(docs)
     if missing:
-        raise SystemExit(f"wiki_collection.txt names {len(missing)} ids not in the corpus,"
-                         f" e.g. {sorted(missing)[:3]}")
+        raise SystemExit(
+            f"wiki_collection.txt names {len(missing)} ids not in the corpus,"
+            f" e.g. {sorted(missing)[:3]}"
+        )
     if len(ids) != len(wanted):
         raise SystemExit("wiki_collection.txt has duplicate ids")
     return docs

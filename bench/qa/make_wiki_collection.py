@@ -12,6 +12,7 @@ Standard library only. The gold passages of bench/qa/wiki_factual.jsonl all lie 
 families (bench/qa/check_sets.py checks that every gold is in the collection). Changing
 FAMILIES or TARGET changes the collection: rerun check_sets.py afterwards.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,9 +55,11 @@ def family_members(passages: list[dict]) -> dict[str, list[str]]:
     out = {}
     for name, (pattern, topics) in FAMILIES.items():
         rx = re.compile(pattern, re.I)
-        out[name] = [p["_id"] for p in passages
-                     if rx.search(p.get("description") or "")
-                     and (topics is None or p["topic"] in topics)]
+        out[name] = [
+            p["_id"]
+            for p in passages
+            if rx.search(p.get("description") or "") and (topics is None or p["topic"] in topics)
+        ]
     return out
 
 
@@ -71,8 +74,9 @@ def build(passages: list[dict], target: int = TARGET) -> list[str]:
     for ids in fams.values():
         chosen.update(ids)
     topics = {by_id[i]["topic"] for i in chosen} - {"Uncategorized"}
-    fill = sorted((p["_id"] for p in passages if p["topic"] in topics and p["_id"] not in chosen),
-                  key=_order)
+    fill = sorted(
+        (p["_id"] for p in passages if p["topic"] in topics and p["_id"] not in chosen), key=_order
+    )
     chosen.update(fill[: max(0, target - len(chosen))])
     return sorted(chosen, key=lambda i: int(i.split("-")[1]))
 

@@ -119,8 +119,8 @@ MONTHS = frozenset(
     "jan feb mar apr jun jul aug sep sept oct nov dec".split()
 )
 WEEKDAYS = frozenset(
-    "monday tuesday wednesday thursday friday saturday sunday weekday weekdays weekend weekends"
-    .split()
+    """monday tuesday wednesday thursday friday saturday sunday weekday weekdays weekend
+    weekends""".split()
 )
 NUMBER_WORDS = frozenset(
     """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen

@@ -61,9 +61,15 @@ def main() -> int:
         texts = extract(Path(tmp))
         sizes = {name: (Path(tmp) / name).stat().st_size for name in texts}
     for name, text in texts.items():
-        print(f"{name:14s} {len(text.split()):5d} words  {len(text):6d} chars  {sizes[name]:6d} bytes")
+        print(
+            f"{name:14s} {len(text.split()):5d} words  {len(text):6d} chars  {sizes[name]:6d} bytes"
+        )
 
-    rows = [json.loads(line) for line in QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in QUESTIONS.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     ids = Counter(row.get("id") for row in rows)
     for qid, n in ids.items():
         if n > 1:
@@ -105,18 +111,22 @@ def main() -> int:
                 warnings.append(f"{qid}: wrong {w!r} occurs in no document")
 
     answerable = [r for r in rows if r.get("answerable")]
-    print(f"\n{len(rows)} questions: {len(answerable)} answerable, "
-          f"{len(rows) - len(answerable)} unanswerable, "
-          f"{sum(1 for r in answerable if r.get('paraphrased'))} paraphrased, "
-          f"{sum(1 for r in answerable if r.get('wrong'))} with wrong strings")
+    print(
+        f"\n{len(rows)} questions: {len(answerable)} answerable, "
+        f"{len(rows) - len(answerable)} unanswerable, "
+        f"{sum(1 for r in answerable if r.get('paraphrased'))} paraphrased, "
+        f"{sum(1 for r in answerable if r.get('wrong'))} with wrong strings"
+    )
     for half in ("a", "b"):
         part = [r for r in rows if r.get("half") == half]
         ans = [r for r in part if r.get("answerable")]
-        print(f"half {half}: {len(part)} questions, {len(ans)} answerable "
-              f"({sum(1 for r in ans if r.get('paraphrased'))} paraphrased), "
-              f"{len(part) - len(ans)} unanswerable")
-        print("   gold:", dict(sorted(Counter(str(r.get('gold')) for r in part).items())))
-        print("   kind:", dict(sorted(Counter(r.get('kind') for r in part).items())))
+        print(
+            f"half {half}: {len(part)} questions, {len(ans)} answerable "
+            f"({sum(1 for r in ans if r.get('paraphrased'))} paraphrased), "
+            f"{len(part) - len(ans)} unanswerable"
+        )
+        print("   gold:", dict(sorted(Counter(str(r.get("gold")) for r in part).items())))
+        print("   kind:", dict(sorted(Counter(r.get("kind") for r in part).items())))
     for w in warnings:
         print("warning:", w)
     for e in errors:

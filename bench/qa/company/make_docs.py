@@ -74,14 +74,23 @@ def make_pdf(src: Path, dest: Path) -> None:
     )
 
     ss = getSampleStyleSheet()
-    body = ParagraphStyle("body", parent=ss["BodyText"], fontName="Helvetica", fontSize=10.5,
-                          leading=14.5, alignment=TA_LEFT, spaceAfter=6)
+    body = ParagraphStyle(
+        "body",
+        parent=ss["BodyText"],
+        fontName="Helvetica",
+        fontSize=10.5,
+        leading=14.5,
+        alignment=TA_LEFT,
+        spaceAfter=6,
+    )
     cell = ParagraphStyle("cell", parent=body, fontSize=10, leading=13, spaceAfter=0)
     title = ParagraphStyle("title", parent=ss["Title"], fontName="Helvetica-Bold", fontSize=20)
-    h2 = ParagraphStyle("h2", parent=ss["Heading2"], fontName="Helvetica-Bold", fontSize=14,
-                        spaceBefore=12)
-    h3 = ParagraphStyle("h3", parent=ss["Heading3"], fontName="Helvetica-Bold", fontSize=11.5,
-                        spaceBefore=8)
+    h2 = ParagraphStyle(
+        "h2", parent=ss["Heading2"], fontName="Helvetica-Bold", fontSize=14, spaceBefore=12
+    )
+    h3 = ParagraphStyle(
+        "h3", parent=ss["Heading3"], fontName="Helvetica-Bold", fontSize=11.5, spaceBefore=8
+    )
 
     story: list[object] = []
     for kind, payload in blocks(src):
@@ -99,11 +108,15 @@ def make_pdf(src: Path, dest: Path) -> None:
         elif kind == "table":
             rows = [[Paragraph(escape(c), cell) for c in row] for row in payload]  # type: ignore[union-attr]
             table = Table(rows, hAlign="LEFT", repeatRows=1)
-            table.setStyle(TableStyle([
-                ("GRID", (0, 0), (-1, -1), 0.5, colors.grey),
-                ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#dde6f0")),
-                ("VALIGN", (0, 0), (-1, -1), "TOP"),
-            ]))
+            table.setStyle(
+                TableStyle(
+                    [
+                        ("GRID", (0, 0), (-1, -1), 0.5, colors.grey),
+                        ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#dde6f0")),
+                        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                    ]
+                )
+            )
             story += [Spacer(1, 0.15 * cm), table, Spacer(1, 0.3 * cm)]
 
     def footer(canvas, doc) -> None:  # noqa: ANN001
@@ -113,9 +126,17 @@ def make_pdf(src: Path, dest: Path) -> None:
         canvas.drawRightString(A4[0] - 2 * cm, 1.2 * cm, f"Page {doc.page}")
         canvas.restoreState()
 
-    doc = SimpleDocTemplate(str(dest), pagesize=A4, leftMargin=2.0 * cm, rightMargin=2.0 * cm,
-                            topMargin=2 * cm, bottomMargin=2 * cm, invariant=1,
-                            title="Orvella Systems Employee Handbook", author="Orvella Systems")
+    doc = SimpleDocTemplate(
+        str(dest),
+        pagesize=A4,
+        leftMargin=2.0 * cm,
+        rightMargin=2.0 * cm,
+        topMargin=2 * cm,
+        bottomMargin=2 * cm,
+        invariant=1,
+        title="Orvella Systems Employee Handbook",
+        author="Orvella Systems",
+    )
     doc.build(story, onFirstPage=footer, onLaterPages=footer)
 
 
@@ -156,8 +177,10 @@ def make_docx(src: Path, dest: Path) -> None:
     buffer = io.BytesIO()
     document.save(buffer)
     # python-docx stamps zip entries with the current time: rewrite them with a fixed one.
-    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as zin, \
-            zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout:
+    with (
+        zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as zin,
+        zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout,
+    ):
         for info in zin.infolist():
             fixed = zipfile.ZipInfo(info.filename, date_time=FIXED_TIME.timetuple()[:6])
             fixed.compress_type = zipfile.ZIP_DEFLATED
@@ -243,7 +266,9 @@ def make_html(src: Path, dest: Path) -> None:
                 "\n  <tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
                 for row in rows[1:]  # type: ignore[index]
             )
-            parts.append(f"<table>\n  <thead><tr>{head}</tr></thead>\n  <tbody>{body}\n  </tbody>\n</table>")
+            parts.append(
+                f"<table>\n  <thead><tr>{head}</tr></thead>\n  <tbody>{body}\n  </tbody>\n</table>"
+            )
     # close sections: every h2 opened one
     out: list[str] = []
     open_section = False
@@ -255,8 +280,9 @@ def make_html(src: Path, dest: Path) -> None:
         out.append(part)
     if open_section:
         out.append("</section>")
-    dest.write_text(HTML_HEAD.format(title=e(title)) + "\n".join(out) + "\n" + HTML_FOOT,
-                    encoding="utf-8")
+    dest.write_text(
+        HTML_HEAD.format(title=e(title)) + "\n".join(out) + "\n" + HTML_FOOT, encoding="utf-8"
+    )
 
 
 def main(argv: list[str]) -> int:
