@@ -8,6 +8,7 @@ first, then one generated sentence, held until it is complete and shown only if 
 - what it adds to the question (its names and numbers the question does not hold) stands in
   the quote: the sentence says what the quote says, not a neighbouring fact of the same
   passage (the film's director for its producer);
+- most of its content words (MIN_SUPPORT) stand in the passage or the question;
 - it is not a hedge ("the passage does not say") next to a quote that does say.
 
 Nothing streamed is withdrawn: a sentence that fails is never shown, and the answer is the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from rag.answer.cite import MARKER, STOP, stem
+from rag.answer.cite import MARKER, STOP, stem, terms
 from rag.answer.segment import sentence_spans
 
 _WORD = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*", re.UNICODE)
@@ -30,6 +31,8 @@ _HEDGE = re.compile(
 )
 # Links and images are never part of a short answer (a document could ask for one).
 _LINK = re.compile(r"\]\(|https?:|www\.|<\s*/?\s*\w", re.IGNORECASE)
+# The least share of the sentence's content words the passage and the question must hold.
+MIN_SUPPORT = 0.5
 # A generated sentence longer than this is not a short answer: it is not checked, not shown.
 MAX_SENTENCE_CHARS = 400
 
@@ -60,6 +63,9 @@ def passes(sentence: str, *, question: str, passage: str, quote: str) -> bool:
     stated = _key(words)
     asked = _all(question)
     if not stated <= (_all(passage) | asked):
+        return False
+    said = terms(text)
+    if said and len(said & (terms(passage) | terms(question))) / len(said) < MIN_SUPPORT:
         return False
     return (stated - asked) <= _all(quote)
 

@@ -227,6 +227,7 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
                 or lower in TIME_WORDS
                 or bool(_CLOCK.match(w))
                 or ((digit or lower in NUMBER_WORDS) and after in DURATION_UNITS)
+                or ((digit or lower in NUMBER_WORDS) and before == "at")  # "at nine"
             )
         elif ask is Ask.PLACE:
             hit = (
@@ -373,7 +374,7 @@ def _score(
             focus_text = f"{label}, {column}: {text[cell[0] : cell[1]]}"
     else:
         hits = candidates(body, ask, wanted)
-        found = bool(hits)
+        found = bool(hits) or ask is Ask.OTHER  # no kind asked: any relevant unit may answer
         if ask is not Ask.OTHER and len(hits) > 1:
             clause = _clause(body, hits, wanted, names)
             if clause is not None:

@@ -383,8 +383,10 @@ async def _grounded(
         timings["generated"] = round((time.perf_counter() - prep.submitted_at) * 1000, 3)
         spans = (*spans, (len(shown) + 1, len(shown) + 1 + len(sentence)))
         shown = f"{shown} {sentence}"
+    t = time.perf_counter()
     reviewed = Review([(1, spans, False)])
     cited = citations(prep.passages, reviewed, lambda ids: allowed & set(ids))
+    timings["cite"] = _ms(t)
     timings["total"] = round(prep.deadline.elapsed_ms(), 3)
     reason = run.reason if run.reason in ("deadline", "error") else "stop"
     yield Final(shown, cited, run.usage, timings, reason, quotes=list(prep.quote.quotes),

@@ -270,6 +270,13 @@ class ChatCompletionIn(Request):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     top_k: int | None = Field(None, ge=0, le=1000, description="0: off")
+    cache_salt: str | None = Field(
+        None,
+        max_length=256,
+        description="vLLM's prefix-cache salt, accepted so that another ragserve (or any "
+        "client written for vLLM) can use this one as its generator; this server's caches are "
+        "salted by the caller's tenant already",
+    )
     # ragserve extensions (the openai client sends them with extra_body)
     k: int | None = Field(None, ge=1, le=200)
     budget_ms: float | None = Field(None, gt=0, le=600_000)

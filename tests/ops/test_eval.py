@@ -174,6 +174,9 @@ def test_answer_metrics_through_the_ask_path(
 
     engine = RecordingEngine("The ferry leaves at nine [1].")
     api = make_api(sqlite_url, hash_embedder, engine=engine)
+    # The answer as the generator writes it over the passages (evidence "all"): the metrics
+    # are about that text and its markers.
+    api.services.settings.ask.evidence = "all"
     _corpus(api)
     queries, qrels, answers = _files(tmp_path)
     fn = evaluation.default_answer_fn()
