@@ -23,7 +23,7 @@ from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
 from rag.api.schemas_ask import AskIn, AskOut, CitationOut, QuoteOut, UsageOut, passages_out
 from rag.engine.sequence import SamplingParams
@@ -107,14 +107,18 @@ async def ask(
     request: Request,
     services: ServicesDep,
     principal: CurrentPrincipal,
+    pools: PoolsDep,
 ) -> Any:
     """Answer a question from the collection's documents, with citations. With `stream`, the
-    answer comes as server-sent events: `passages`, then `token`s, then `final`."""
+    answer comes as server-sent events: `passages`, then `token`s, then `final`. Retrieval
+    runs on the search threads, in the tenant's line (429 when it is full)."""
     slot = services.asks.take(principal.tenant_id)  # 429 past the tenant's answers in flight
     streaming = False
     try:
         req = ask_request(body)
-        prep = await prepare_answer(services, principal.tenant_id, collection_id, req)
+        prep = await prepare_answer(
+            services, principal.tenant_id, collection_id, req, pools.search.run
+        )
         if not body.stream:
             final = await collect(services, prep)
             observe_stages("ask", final.timings_ms)

@@ -153,7 +153,7 @@ async def _complete(
             question, Knobs(k=body.k), None, params, body.budget_ms, mode=body.mode,
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
         )  # fmt: skip
-        prep = await prepare_answer(services, tenant_id, collection.id, req)
+        prep = await prepare_answer(services, tenant_id, collection.id, req, pools.search.run)
     elif body.model == generator_model(services.settings):
         messages = [(m.role, m.text()) for m in body.messages]
         params = replace(
