@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rag.db import collections
-from rag.db.jobs import cancel_jobs_where
+from rag.db.jobs import cancel_jobs_where, clock
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
 from rag.errors import Invalid, NotFound
 
@@ -111,6 +111,7 @@ def add(
         collection_id=collection.id,
         document_id=doc.id,
         max_attempts=max_attempts,
+        run_after=clock(session),  # due on the clock the claims read
     )
     session.add(job)
     session.flush()

@@ -444,3 +444,28 @@ def test_a_database_outage_is_waited_out_not_charged_to_the_document(
         time.sleep(0.02)
     assert job.state == "done" and job.attempts == 1, (job.state, job.attempts, job.error)
 
+
+def test_leases_run_on_the_databases_clock_not_the_workers(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases were stamped and compared with each process's own clock: a worker on a machine
+    whose clock ran an hour ahead saw every lease expired and took over jobs other workers
+    were running (and one an hour behind held a dead worker's job for an hour). Claims and
+    renewals now read the database's clock."""
+    import rag.db.jobs as jobs_module
+
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "leased by the first worker")
+    first = jobs.claim(db, "w1", lease_s=30)
+    assert first is not None and first.id == job_id
+    real = time.time
+    monkeypatch.setattr(jobs_module, "now", lambda: real() + 3600)  # a clock an hour ahead
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    assert jobs.claim(db, "w2", lease_s=30) is None  # w1's lease still holds
+    assert jobs.renew(db, first, 0.2)
+    monkeypatch.setattr(jobs_module, "now", lambda: real() - 3600)  # an hour behind
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    time.sleep(0.3)
+    taken = jobs.claim(db, "w3", lease_s=30)  # w1's short lease ran out on the database's clock
+    assert taken is not None and taken.id == job_id and taken.owner == "w3"
