@@ -191,6 +191,8 @@ class AcceptedDocument(BaseModel):
     size: int
     status: str
     duplicate: bool
+    # The same bytes as a failed document of the collection, which is queued again (new job).
+    requeued: bool = False
 
     @classmethod
     def of(cls, a: Accepted) -> AcceptedDocument:
@@ -202,6 +204,7 @@ class AcceptedDocument(BaseModel):
             size=a.document.size,
             status=a.document.status,
             duplicate=a.duplicate,
+            requeued=a.requeued,
         )
 
 

@@ -51,6 +51,6 @@ def accept(
                     max_attempts=max_attempts,
                 )
             )
-        new_jobs = sum(1 for a in accepted if not a.duplicate)
+        new_jobs = sum(1 for a in accepted if not a.duplicate or a.requeued)
         quotas.check_upload(session, tenant_id, quota, new_jobs=new_jobs)
     return accepted
