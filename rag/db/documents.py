@@ -126,6 +126,9 @@ def _requeued(session: Session, existing: Accepted, max_attempts: int) -> Accept
     doc = existing.document
     if doc.status != "failed" or (existing.job is not None and existing.job.state != "failed"):
         return existing
+    session.refresh(doc, with_for_update=True)  # one of two concurrent re-uploads queues it
+    if doc.status != "failed":
+        return _live_duplicate(session, doc.collection_id, doc.sha256) or existing
     t = now()
     doc.status, doc.error, doc.updated_at = "queued", None, t
     job = IngestJob(
