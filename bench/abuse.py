@@ -807,9 +807,10 @@ def purge_leftovers(client: httpx.Client, data_dir: Path, cid: str) -> float:
 
 
 def vectors_lost(data_dir: Path, clients: dict[str, httpx.Client]) -> int:
-    """Each collection's live index (as the server reports it on a search, once caught up
-    with the change log) against its live chunks in SQL, as `rag index check` compares."""
-    from rag.db import Database, changelog, chunks, collections
+    """Each collection's live index (as the server reports it on a search, which catches the
+    index up first) against its live chunks in SQL, as `rag index check` compares; asked
+    again for up to 60 s while the two differ (a rebuild or catch-up still running)."""
+    from rag.db import Database, chunks, collections
 
     db = Database(f"sqlite:///{data_dir / 'rag.db'}")
     lost = 0
@@ -823,10 +824,9 @@ def vectors_lost(data_dir: Path, clients: dict[str, httpx.Client]) -> int:
                 with db.read() as session:
                     row = collections.get_live(session, cid)
                     assert row is not None
-                    head = changelog.head(session, cid)
                     sql = chunks.live_count(session, cid, row.embedding_model)
                 settled = not index["building"] and not index["stale"]
-                if settled and index["watermark"] == head or time.monotonic() > deadline:
+                if settled and sql == index["count"] or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
             lost += abs(sql - int(index["count"]))

@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -25,7 +24,15 @@ from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
-from rag.api.schemas_ask import AskIn, AskOut, CitationOut, QuoteOut, UsageOut, passages_out
+from rag.api.schemas_ask import (
+    AskIn,
+    AskOut,
+    CitationOut,
+    QuoteOut,
+    UsageOut,
+    opaque,
+    passages_out,
+)
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
@@ -76,7 +83,9 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
     search = prep.search
     return {
         "answer": final.answer,
-        "citations": [CitationOut(**asdict(c)).model_dump() for c in final.citations],
+        "citations": [
+            CitationOut(**opaque(prep.passages, c)).model_dump() for c in final.citations
+        ],
         "usage": UsageOut.of(final.usage).model_dump(),
         "timings_ms": final.timings_ms,
         "finish_reason": final.finish_reason,
@@ -85,7 +94,7 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "unsupported": final.unsupported,
         "echoed": final.echoed,
         "repeated": final.repeated,
-        "quotes": [QuoteOut(**asdict(q)).model_dump() for q in final.quotes],
+        "quotes": [QuoteOut(**opaque(prep.passages, q)).model_dump() for q in final.quotes],
         "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],
         "partial": search.partial if search else False,
