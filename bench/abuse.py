@@ -26,6 +26,10 @@ ingests the same words. Ends with
     FIGURE purge_leftovers <n>       bytes of the deleted document still found (nan: no purge)
     FIGURE loop_stall_max_ms <x>     the slowest /healthz over the attack phases
     FIGURE cross_tenant_signal <n>   honest keyword scores that moved with another's ingest
+    FIGURE vectors_lost <n>          |index count - SQL count| over both tenants' indexes, at
+                                     the end (after delete/purge/re-upload cycles, rebuilds)
+    FIGURE readyz_p99_ms <x>         /readyz's p99 while the attacker floods it (and rebuilds)
+    FIGURE readyz_not_ready <n>      503s from /readyz in that phase, honest load still served
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class FakeGenerator:
 
     def has_room(self) -> bool:
         return len(self.running) < 64
+
+    def step_alive(self) -> bool:
+        return True  # no step thread to die (/readyz asks once the generator is loaded)
 
     def submit(self, prompt: Any, params: Any = None, request_id: str | None = None, **_: Any):  # type: ignore[no-untyped-def]
         return self._stream(request_id or "fake")
@@ -226,13 +233,15 @@ class Phase:
     peak_rss: int = 0
     loop_stall_ms: float = 0.0  # the slowest /healthz of the phase
     signal: int = 0  # honest keyword scores another tenant's ingest moved
+    readyz_ms: list[float] = field(default_factory=list)  # the attacker's flood of /readyz
+    readyz_not_ready: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def honest(self, kind: str, status: int, seconds: float) -> None:
         with self.lock:
             if 200 <= status < 300:
                 self.honest_ok += 1
-                self.latencies[kind].append(seconds * 1000)
+                self.latencies.setdefault(kind, []).append(seconds * 1000)
             else:
                 self.honest_failed[f"{kind} {status}"] += 1
             if status >= 500:
@@ -586,6 +595,127 @@ def keyword_signal(h: Hostile) -> None:
     h.phase.signal = sum(1 for b, a in zip(before, after, strict=True) if b != a)
 
 
+def _ingested(client: httpx.Client, body: dict[str, Any], url: str) -> tuple[int, list[str]]:
+    """Upload, then wait (60 s at most) for every job: the status (599 when a job failed or
+    never finished) and the documents' ids."""
+    try:
+        r = client.post(url, json=body)
+    except httpx.HTTPError:
+        return 599, []
+    if r.status_code != 202:
+        return r.status_code, []
+    items = r.json()["documents"]
+    deadline = time.monotonic() + 60
+    for item in items:
+        while True:
+            j = client.get(f"/v1/jobs/{item['job_id']}", params={"wait": 5})
+            if j.status_code == 200 and j.json()["done"]:
+                if j.json()["state"] != "done":
+                    return 599, []
+                break
+            if time.monotonic() > deadline:
+                return 599, []
+    return 202, [item["document_id"] for item in items]
+
+
+def purge_cycles(h: Hostile) -> None:
+    # Item 1: the same bytes uploaded, deleted, purged (the bench's purge runs every 2 s) and
+    # uploaded again, in the attacker's own collection; a reused chunk id or an erase that
+    # took a live id leaves the index short of SQL (FIGURE vectors_lost, at the end).
+    docs = {"documents": [{"text": f"cycle {i} " + "recycled words " * 60} for i in range(5)]}
+    url = f"/v1/collections/{h.cid}/documents"
+    cycles = 0
+    while cycles == 0 or h.live():
+        status, ids = _ingested(h.client, docs, url)
+        h.phase.attacker(status)
+        for doc_id in ids:
+            h.send("DELETE", f"/v1/documents/{doc_id}")
+        time.sleep(2.5)  # one purge round
+        cycles += 1
+    status, _ = _ingested(h.client, docs, url)  # live again: all their vectors indexed
+    h.phase.attacker(status)
+
+
+def ask_flood(h: Hostile) -> None:
+    # Item 10: answers' retrieval runs on the search threads in the tenant's line; 32
+    # connections of asks wait there (or get 429) while the honest tenant's asks go on.
+    body = {"question": "what do the recycled words say?", "max_tokens": 16, "budget_ms": 60_000}
+    req = {"method": "POST", "url": f"/v1/collections/{h.cid}/ask", "json": body, "timeout": 60}
+    h.flood(32, 100, lambda: req)
+
+
+def _honest_churn(h: Hostile) -> None:
+    """The honest tenant uploads a document, waits for it, and deletes it, until the phase
+    ends: each step an honest request (`upload` counts until its job is done)."""
+    assert h.observer is not None
+    url = f"/v1/collections/{h.honest_cid}/documents"
+    n = 0
+    while h.live():
+        body = {"text": f"churn {n} {random.random()} " + "honest words " * 80}
+        t0 = time.perf_counter()
+        status, ids = _ingested(h.observer, body, url)
+        h.phase.honest("upload", status, time.perf_counter() - t0)
+        for doc_id in ids:
+            t0 = time.perf_counter()
+            try:
+                status = h.observer.delete(f"/v1/documents/{doc_id}").status_code
+            except httpx.HTTPError:
+                status = 599
+            h.phase.honest("delete", status, time.perf_counter() - t0)
+        n += 1
+
+
+def rebuilds_during_churn(h: Hostile) -> None:
+    # Item 11: rebuilds started back to back (its own collection, and the honest one's id,
+    # which must be 404) while the honest tenant uploads and deletes.
+    churn = threading.Thread(target=_honest_churn, args=(h,), daemon=True)
+    churn.start()
+    kinds = ["hnsw", "faiss_flat", "exact", "faiss_hnsw"]
+    n = 0
+    while h.live():
+        h.send("POST", f"/v1/collections/{h.cid}/index/rebuild", json={"kind": kinds[n % 4]})
+        h.send("POST", f"/v1/collections/{h.honest_cid}/index/rebuild", json={"kind": "hnsw"})
+        n += 1
+        time.sleep(0.05)
+    churn.join(timeout=120)
+
+
+def readyz_flood(h: Hostile) -> None:
+    # Item 12: 32 connections of /readyz (no key needed) while the attacker rebuilds its
+    # index: each answer must stay cheap (cached, one ping), and ready while the honest
+    # load is served (a rebuild serves the old generation, so it is no reason for a 503).
+    import asyncio
+
+    def rebuild_now_and_then() -> None:
+        while h.live():
+            h.send("POST", f"/v1/collections/{h.cid}/index/rebuild", json={"kind": "hnsw"})
+            time.sleep(0.3)
+
+    rebuilder = threading.Thread(target=rebuild_now_and_then, daemon=True)
+    rebuilder.start()
+
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        async with httpx.AsyncClient(base_url=h.url, limits=limits, timeout=30) as c:
+
+            async def one() -> None:
+                while h.live():
+                    t0 = time.perf_counter()
+                    try:
+                        status = (await c.get("/readyz")).status_code
+                    except httpx.HTTPError:
+                        status = 599
+                    with h.phase.lock:
+                        h.phase.readyz_ms.append((time.perf_counter() - t0) * 1000)
+                        h.phase.readyz_not_ready += status == 503
+                    h.phase.attacker(status)
+
+            await asyncio.gather(*(one() for _ in range(32)))
+
+    asyncio.run(run())
+    rebuilder.join(timeout=60)
+
+
 ATTACKS: list[tuple[str, Callable[[Hostile], None]]] = [
     ("stop strings (10,000)", stop_strings),
     ("seed 10**30", huge_seed),
@@ -603,6 +733,10 @@ ATTACKS: list[tuple[str, Callable[[Hostile], None]]] = [
     ("300,000-char word, prompt runs", hostile_text),
     ("ZIP64 docx of 20,003 entries", zip64_docx),
     ("another tenant's keywords", keyword_signal),
+    ("delete, purge, re-upload cycles", purge_cycles),
+    ("32 connections of asks", ask_flood),
+    ("rebuilds while honest churn", rebuilds_during_churn),
+    ("/readyz flood during rebuilds", readyz_flood),
 ]
 
 
@@ -672,6 +806,35 @@ def purge_leftovers(client: httpx.Client, data_dir: Path, cid: str) -> float:
     return float(left)
 
 
+def vectors_lost(data_dir: Path, clients: dict[str, httpx.Client]) -> int:
+    """Each collection's live index (as the server reports it on a search, which catches the
+    index up first) against its live chunks in SQL, as `rag index check` compares; asked
+    again for up to 60 s while the two differ (a rebuild or catch-up still running)."""
+    from rag.db import Database, chunks, collections
+
+    db = Database(f"sqlite:///{data_dir / 'rag.db'}")
+    lost = 0
+    try:
+        for cid, client in clients.items():
+            deadline = time.monotonic() + 60
+            while True:
+                r = client.post(f"/v1/collections/{cid}/search", json={"query": "x", "k": 1})
+                r.raise_for_status()
+                index = r.json()["index"]
+                with db.read() as session:
+                    row = collections.get_live(session, cid)
+                    assert row is not None
+                    sql = chunks.live_count(session, cid, row.embedding_model)
+                settled = not index["building"] and not index["stale"]
+                if settled and sql == index["count"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            lost += abs(sql - int(index["count"]))
+    finally:
+        db.dispose()
+    return lost
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 documents, 12 s a phase")
@@ -735,6 +898,7 @@ def main() -> int:
                   f"failed, hostile {dict(phase.hostile)}", flush=True)  # fmt: skip
         load.close()
         memory.close()
+        lost = vectors_lost(Path(tmp), {cid: honest, bad_cid: hostile})
         leftovers = purge_leftovers(honest, Path(tmp), cid)
         for c in (admin, honest, hostile):
             c.close()
@@ -768,6 +932,10 @@ def main() -> int:
           else "FIGURE purge_leftovers nan")  # fmt: skip
     print(f"FIGURE loop_stall_max_ms {max(p.loop_stall_ms for p in phases[1:]):.0f}")
     print(f"FIGURE cross_tenant_signal {sum(p.signal for p in phases)}")
+    print(f"FIGURE vectors_lost {lost}")
+    readyz = [ms for p in phases for ms in p.readyz_ms]
+    print(f"FIGURE readyz_p99_ms {pct(readyz, 99):.0f}")
+    print(f"FIGURE readyz_not_ready {sum(p.readyz_not_ready for p in phases)}")
     return 0
 
 

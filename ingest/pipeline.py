@@ -73,6 +73,9 @@ class Pipeline:
             return
         try:
             jobs.set_status(self.db, [job for job, _ in ready], "embedding")
+        except Exception:  # only what the documents show meanwhile: the write sets the rest
+            log.warning("could not mark %d jobs embedding", len(ready), exc_info=True)
+        try:
             vectors = self.embed([c for _, c in ready])
         except Exception as exc:
             log.exception("embedding failed for %d jobs", len(ready))

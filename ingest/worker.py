@@ -7,13 +7,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
 from ingest.pipeline import PermanentFailure, Pipeline
 from rag.config import IngestSettings
-from rag.db import Database, jobs
+from rag.db import Database, jobs, transient
 from rag.db.jobs import ClaimedJob, LeaseLost
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Worker:
     def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
         """Run one job's step; its failure fails (or retries) that job alone."""
         try:
-            return step()
+            return self._through_outages(job, step)
         except LeaseLost:
             log.warning("job %s: lease lost; another worker owns it now", job.id)
         except PermanentFailure as exc:
@@ -111,11 +112,37 @@ class Worker:
             self._fail_quietly(job, f"{type(exc).__name__}: {exc}", permanent=False)
         return None
 
+    def _through_outages(self, job: ClaimedJob, step: Callable[[], T]) -> T:
+        """`step()`, run again after a pause while it meets transient database errors, for up
+        to `transient_retry_s`: a database that is away for half a minute is nobody's failed
+        attempt (each used to be one, and the backoff's first steps are short, so an outage
+        used up every attempt and failed the document for good). The lease outlives the
+        pauses (the heartbeat renews it once the database is back); steps are idempotent."""
+        give_up = time.monotonic() + self.settings.transient_retry_s
+        pause = 0.1
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                if not transient(exc) or time.monotonic() + pause > give_up:
+                    raise
+                log.warning(
+                    "job %s: transient database error (%s); again in %.1f s",
+                    job.id, type(exc).__name__, pause,
+                )  # fmt: skip
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
+
     def _fail_quietly(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
         try:
-            self._fail(job, reason, permanent=permanent)
+            self._through_outages(job, lambda: self._fail(job, reason, permanent=permanent))
         except LeaseLost:
             log.warning("job %s: lease lost before its failure was recorded", job.id)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            # Still unreachable: the lease lapses and the job is claimed again.
+            log.warning("job %s: failure not recorded (%s)", job.id, type(exc).__name__)
 
     def _fail(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
         state = jobs.fail(

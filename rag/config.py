@@ -75,6 +75,10 @@ class IngestSettings(_Section):
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(2.0, ge=0)
     backoff_max_s: float = Field(300.0, ge=0)
+    # A job's step that meets a transient database error (connection lost, server restarting,
+    # database locked) runs again in place, pausing 0.1 s doubling to 5 s, for up to this
+    # long; only then does it count as a failed attempt.
+    transient_retry_s: float = Field(60.0, ge=0)
     poll_interval_s: float = Field(0.5, gt=0)
     # The nice value of worker threads (and of the parser children they start): ingest takes
     # the CPU that searches and answers leave. 0 keeps the process's priority.

@@ -64,6 +64,9 @@ class Passage:
     dense_score: float | None
     keyword_score: float | None
     metadata: dict[str, Any]
+    # What clients see as its id: a hash of its document and span. The row id is a counter
+    # shared by every tenant, so showing it would tell how much the others ingest.
+    uid: str = ""
 
 
 @dataclass
@@ -333,6 +336,7 @@ class Retriever:
                     dense,
                     kw,
                     row.meta or {},
+                    row.uid,
                 )
             )
         return out

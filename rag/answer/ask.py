@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -87,6 +87,14 @@ EvidenceUse = Literal["auto", "one", "all"]
 KV_REUSE: tuple[KvReuse, ...] = ("blend", "prefix", "off")
 MODES: tuple[Mode, ...] = ("generate", "extractive")
 T = TypeVar("T", bound=str)
+R = TypeVar("R")
+
+
+class Run(Protocol):
+    """Where the blocking steps of an answer run: the API passes its search threads'
+    `Pool.run` (tenant lines, 429 past their bounds); elsewhere a plain thread."""
+
+    async def __call__(self, fn: Callable[..., R], /, *args: Any) -> R: ...
 
 
 def check(req: AskRequest, settings: AskSettings) -> None:
@@ -100,10 +108,12 @@ def check(req: AskRequest, settings: AskSettings) -> None:
 
 
 async def prepare(
-    services: Services, tenant_id: str, collection_id: str, req: AskRequest
-) -> Prepared:
+    services: Services, tenant_id: str, collection_id: str, req: AskRequest,
+    run: Run = asyncio.to_thread,
+) -> Prepared:  # fmt: skip
     """Everything up to a running generation (or an extracted answer). Raises the domain's
-    errors (404, 422, 429) before a response has started."""
+    errors (404, 422, 429) before a response has started. Retrieval, the evidence and the
+    prompt run through `run`."""
     settings = services.settings.ask
     check(req, settings)
     t0 = time.perf_counter()
@@ -123,7 +133,7 @@ async def prepare(
     )
 
     t = time.perf_counter()
-    result = await asyncio.to_thread(
+    result = await run(
         services.retriever.search,
         tenant_id,
         collection_id,
@@ -144,7 +154,7 @@ async def prepare(
         )  # fmt: skip
 
     if not result.passages:
-        indexed = await asyncio.to_thread(_chunk_count, services, tenant_id, collection_id)
+        indexed = await run(_chunk_count, services, tenant_id, collection_id)
         if indexed == 0:
             return refused(NOTHING_INDEXED, "not_indexed")
         return refused(NOT_FOUND, "no_passages")
@@ -164,6 +174,7 @@ async def prepare(
         search=result, deadline=deadline, timings=timings, request_id=request_id, mode=mode,
         evidence=use, kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
                                        services.settings.engine.kv_reuse),  # fmt: skip
+        run=run,
     )  # fmt: skip
     prep.timings_ms["admit_to_submit"] = _ms(t0)
     return prep
@@ -185,6 +196,7 @@ async def answer_from(
     mode: Mode = "generate",
     evidence: Literal["one", "all"] = "one",
     kv_reuse: KvReuse = "prefix",
+    run: Run = asyncio.to_thread,
 ) -> Prepared:
     """From the passages retrieved (strongest first) to a running generation, a quote, or a
     refusal when no sentence of them answers the question. Call from the event loop (the
@@ -200,7 +212,7 @@ async def answer_from(
     )  # fmt: skip
 
     t = time.perf_counter()
-    choice = await asyncio.to_thread(_choice, req.question, passages, embed)
+    choice = await run(_choice, req.question, passages, embed)
     timings["evidence"] = _ms(t)
     if choice is None or not choice.answerable(settings.min_support, settings.min_similarity):
         return Refused(passages=[], text=NOT_FOUND, reason="no_evidence", **base)
@@ -220,9 +232,7 @@ async def answer_from(
         given = passages
         wording = prompts.GROUNDED
     t = time.perf_counter()
-    built = await asyncio.to_thread(
-        _prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording
-    )
+    built = await run(_prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording)
     timings["prompt"] = _ms(t)
     if settings.cite_mask:
         steer = chooser(given[: built.given]) if settings.cite_steer else None

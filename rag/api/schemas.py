@@ -191,6 +191,9 @@ class AcceptedDocument(BaseModel):
     size: int
     status: str
     duplicate: bool
+    requeued: bool = Field(
+        False, description="the same bytes as a failed document, which is queued again (new job)"
+    )
 
     @classmethod
     def of(cls, a: Accepted) -> AcceptedDocument:
@@ -202,6 +205,7 @@ class AcceptedDocument(BaseModel):
             size=a.document.size,
             status=a.document.status,
             duplicate=a.duplicate,
+            requeued=a.requeued,
         )
 
 
@@ -249,8 +253,8 @@ class DocumentList(BaseModel):
 
 
 class ChunkOut(BaseModel):
-    id: int
-    uid: str
+    id: str = Field(description="the chunk's opaque id, as search and answers give it")
+    uid: str = Field(description="the same as id (kept for clients that read it)")
     document_id: str
     ordinal: int
     text: str
@@ -261,7 +265,7 @@ class ChunkOut(BaseModel):
     @classmethod
     def of(cls, c: Chunk) -> ChunkOut:
         return cls(
-            id=c.id,
+            id=c.uid,
             uid=c.uid,
             document_id=c.document_id,
             ordinal=c.ordinal,

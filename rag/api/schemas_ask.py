@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.api.schemas import INT_MAX, NOT_BLANK, Request
-from rag.api.schemas_search import PassageOut, SearchFilter
+from rag.api.schemas_search import CHUNK_ID, PassageOut, SearchFilter
 from rag.engine.protocol import KvReuse
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage
@@ -81,7 +81,7 @@ class AskIn(Request):
 
 class CitationOut(BaseModel):
     marker: int = Field(description="the [n] in the answer")
-    chunk_id: int
+    chunk_id: str = Field(description=CHUNK_ID)
     document_id: str
     filename: str
     start_char: int = Field(description="span of the chunk in the document's extracted text")
@@ -97,7 +97,7 @@ class CitationOut(BaseModel):
 
 class QuoteOut(BaseModel):
     marker: int = Field(description="the passage's [n]")
-    chunk_id: int
+    chunk_id: str = Field(description=CHUNK_ID)
     document_id: str
     text: str = Field(description="the sentence, as in the document")
     start_char: int = Field(description="span of the sentence in the document's extracted text")
@@ -131,7 +131,14 @@ class UsageOut(BaseModel):
 
 
 def passages_out(passages: Sequence[Passage]) -> list[PassageOut]:
-    return [PassageOut(**asdict(p)) for p in passages]
+    return [PassageOut.of(p) for p in passages]
+
+
+def opaque(passages: Sequence[Passage], item: Any) -> dict[str, Any]:
+    """A citation's or a quote's fields, its chunk id replaced by the opaque one of the
+    passage it comes from (never the row id: a counter every tenant moves)."""
+    uids = {p.chunk_id: p.uid for p in passages}
+    return {**asdict(item), "chunk_id": uids.get(item.chunk_id, "")}
 
 
 class AskOut(BaseModel):

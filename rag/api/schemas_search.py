@@ -17,6 +17,8 @@ from rag.api.schemas import (
     MetaValue,
     Request,
 )
+from rag.index.live import IndexState
+from rag.retrieve import Passage
 
 
 class SearchFilter(Request):
@@ -43,8 +45,14 @@ class SearchIn(Request):
     filter: SearchFilter | None = None
 
 
+CHUNK_ID = (
+    "the chunk's opaque id (a hash of its document and span; the id of the document's chunk "
+    "listing)"
+)
+
+
 class PassageOut(BaseModel):
-    chunk_id: int
+    chunk_id: str = Field(description=CHUNK_ID)
     document_id: str
     filename: str
     ordinal: int
@@ -56,13 +64,32 @@ class PassageOut(BaseModel):
     keyword_score: float | None
     metadata: dict[str, Any]
 
+    @classmethod
+    def of(cls, p: Passage) -> PassageOut:
+        fields = {k: v for k, v in vars(p).items() if k != "uid"}
+        return cls(**{**fields, "chunk_id": p.uid})
+
 
 class IndexInfo(BaseModel):
     kind: str
     count: int
-    watermark: int
+    watermark: int | None = Field(
+        None,
+        description="the change-log position the index has applied: admin keys only (it "
+        "moves with every tenant's writes)",
+    )
     building: bool
     stale: bool
+
+    @classmethod
+    def of(cls, state: IndexState, *, admin: bool) -> IndexInfo:
+        return cls(
+            kind=state.kind,
+            count=state.count,
+            watermark=state.watermark if admin else None,
+            building=state.building,
+            stale=state.stale,
+        )
 
 
 class SearchOut(BaseModel):

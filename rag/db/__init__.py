@@ -8,7 +8,7 @@ this package builds SQL.
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from rag.db.session import Database
+from rag.db.session import Database, transient
 
 # Session: the type of what Database.read() / .write() yield, for callers' signatures.
-__all__ = ["Database", "IntegrityError", "Session"]
+__all__ = ["Database", "IntegrityError", "Session", "transient"]

@@ -43,6 +43,7 @@ _IN_BATCH = 5000
 _HYDRATE = (
     select(
         Chunk.id,
+        Chunk.uid,
         Chunk.document_id,
         Chunk.ordinal,
         Chunk.text,

@@ -38,8 +38,13 @@ def list_live(session: Session, tenant_id: str) -> list[Collection]:
     return list(session.scalars(stmt))
 
 
-def get(session: Session, tenant_id: str, collection_id: str, *, lock: bool = False) -> Collection:
-    """A live collection of the tenant, or NotFound."""
+def get(
+    session: Session, tenant_id: str, collection_id: str, *, lock: bool = False,
+    share: bool = False,
+) -> Collection:  # fmt: skip
+    """A live collection of the tenant, or NotFound. `lock`: its row locked for update (a
+    delete, a change of its settings); `share`: locked against those only (an upload), so
+    the tombstone is read under the lock a delete takes and stays as read until commit."""
     stmt = select(Collection).where(
         Collection.id == collection_id,
         Collection.tenant_id == tenant_id,
@@ -48,6 +53,8 @@ def get(session: Session, tenant_id: str, collection_id: str, *, lock: bool = Fa
     if lock:
         # Serialises change-log writers of one collection, so seq order is commit order.
         stmt = stmt.with_for_update()
+    elif share:  # FOR KEY SHARE: uploads never wait for each other or for ingest's writes
+        stmt = stmt.with_for_update(read=True, key_share=True)
     collection = session.scalar(stmt)
     if collection is None:
         raise NotFound(f"collection {collection_id} not found")
@@ -110,7 +117,9 @@ def find_in_tenant_named(session: Session, ref: str, tenant_name: str) -> Collec
 
 
 def delete(session: Session, tenant_id: str, collection_id: str) -> None:
-    """Tombstone the collection and its documents; cancel their pending jobs."""
+    """Tombstone the collection and its documents; cancel their pending jobs. The row lock
+    orders it with uploads (which take it shared): an upload that got it first commits
+    before this tombstones its document, one that comes after finds the collection gone."""
     collection = get(session, tenant_id, collection_id, lock=True)
     t = now()
     collection.deleted_at = t

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rag.db import collections
-from rag.db.jobs import cancel_jobs_where
+from rag.db.jobs import cancel_jobs_where, clock
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
 from rag.errors import Invalid, NotFound
 
@@ -25,6 +25,7 @@ class Accepted:
     document: Document
     job: IngestJob | None
     duplicate: bool
+    requeued: bool = False  # a failed duplicate queued again, with a new job
 
 
 def _insert_blob(session: Session, tenant_id: str, sha256: str, data: bytes) -> None:
@@ -85,7 +86,7 @@ def add(
     """
     existing = _live_duplicate(session, collection.id, sha256)
     if existing is not None:
-        return existing
+        return _requeued(session, existing, max_attempts)
     _insert_blob(session, collection.tenant_id, sha256, data)
     doc = Document(
         tenant_id=collection.tenant_id,
@@ -105,16 +106,41 @@ def add(
         existing = _live_duplicate(session, collection.id, sha256)
         if existing is None:  # pragma: no cover - the index said it exists
             raise
-        return existing
+        return _requeued(session, existing, max_attempts)
     job = IngestJob(
         tenant_id=collection.tenant_id,
         collection_id=collection.id,
         document_id=doc.id,
         max_attempts=max_attempts,
+        run_after=clock(session),  # due on the clock the claims read
     )
     session.add(job)
     session.flush()
     return Accepted(doc, job, duplicate=False)
+
+
+def _requeued(session: Session, existing: Accepted, max_attempts: int) -> Accepted:
+    """A failed document uploaded again is queued again, with a new job and its attempts:
+    what failed it may be gone (a worker fault, a database outage, a fixed parser). Any
+    other duplicate is returned as it is."""
+    doc = existing.document
+    if doc.status != "failed" or (existing.job is not None and existing.job.state != "failed"):
+        return existing
+    session.refresh(doc, with_for_update=True)  # one of two concurrent re-uploads queues it
+    if doc.status != "failed":
+        return _live_duplicate(session, doc.collection_id, doc.sha256) or existing
+    t = now()
+    doc.status, doc.error, doc.updated_at = "queued", None, t
+    job = IngestJob(
+        tenant_id=doc.tenant_id,
+        collection_id=doc.collection_id,
+        document_id=doc.id,
+        max_attempts=max_attempts,
+        run_after=clock(session),  # due on the clock the claims read
+    )
+    session.add(job)
+    session.flush()
+    return Accepted(doc, job, duplicate=True, requeued=True)
 
 
 def _encode_cursor(created_at: float, doc_id: str) -> str:

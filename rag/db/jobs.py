@@ -8,6 +8,9 @@ worker took over) cannot write anything.
 A claim is fair across tenants: it takes the tenants' oldest due jobs in turn (round-robin,
 the tenant waiting longest first), so one tenant's flood of uploads delays another tenant's
 upload by at most the batch in progress, never by the whole flood.
+
+Due times and leases are stamped and compared on the database's clock (`clock`), never a
+process's own: workers on machines whose clocks disagree agree on when a lease runs out.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ class JobInput:
     chunk_overlap: int
 
 
+def clock(session: Session) -> float:
+    """The database server's time, in seconds since the epoch (PostgreSQL's clock_timestamp(),
+    not now(): a claim may have waited on a lock since its transaction began)."""
+    if session.get_bind().dialect.name == "postgresql":
+        expr: ColumnElement[Any] = func.extract("epoch", func.clock_timestamp())
+    else:  # julianday('now'): the database's clock, to the millisecond
+        expr = (func.julianday("now") - 2440587.5) * 86400.0
+    return float(session.execute(select(expr)).scalar_one())
+
+
 def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
     """Take one runnable job: running with an expired lease, else the oldest due job of the
     tenant that has waited longest."""
@@ -68,8 +81,8 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
     each is retried on its own, and only a worker that dies holding one job charges it. A
     document that crashes workers thus ends `failed` after `max_attempts` solo tries, and its
     batch-mates are never failed with it."""
-    t = now()
     with db.write() as session:
+        t = clock(session)
         recovered = _take_over(session, owner, lease_s, t, skip_locked=not db.is_sqlite)
         if recovered is not None:
             taken = [recovered]
@@ -185,8 +198,8 @@ def _lease(job: IngestJob, owner: str, lease_s: float, t: float, batch: int) -> 
 
 
 def renew(db: Database, job: ClaimedJob, lease_s: float) -> bool:
-    t = now()
     with db.write() as session:
+        t = clock(session)
         result = session.execute(
             update(IngestJob).where(ours(job)).values(lease_expires_at=t + lease_s, updated_at=t)
         )
@@ -261,7 +274,7 @@ def fail(
             _finish_failed(session, job_row, reason)
             return "failed"
         delay = min(backoff_max_s, backoff_base_s * 2 ** (job_row.attempts - 1))
-        t = now()
+        t = clock(session)
         job_row.state = "queued"
         job_row.error = reason
         job_row.run_after = t + delay

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,15 @@ log = logging.getLogger(__name__)
 # How long a SQLite connection waits for a lock another holds (the purge's checkpoint waits
 # for none: rag.db.purge).
 BUSY_TIMEOUT_MS = 60_000
+
+
+def transient(exc: BaseException) -> bool:
+    """A database error that the same work may not meet again shortly: the connection was
+    lost, the server is restarting, the database is locked (OperationalError), or the pool
+    found its connection dead. Not the data's fault, so it never fails a document."""
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 class Database:

@@ -37,7 +37,9 @@ def accept(
     accepted = []
     with db.write() as session:
         quotas.guard_writes(session, tenant_id, quota)
-        collection = collections.get(session, tenant_id, collection_id)
+        # Locked (SQLite: the write lock held since BEGIN IMMEDIATE): a delete racing this
+        # upload either tombstones its document or is seen here, never neither.
+        collection = collections.get(session, tenant_id, collection_id, share=True)
         for item, media_type in typed:
             accepted.append(
                 documents.add(
@@ -51,6 +53,6 @@ def accept(
                     max_attempts=max_attempts,
                 )
             )
-        new_jobs = sum(1 for a in accepted if not a.duplicate)
+        new_jobs = sum(1 for a in accepted if not a.duplicate or a.requeued)
         quotas.check_upload(session, tenant_id, quota, new_jobs=new_jobs)
     return accepted

@@ -130,6 +130,35 @@ def test_same_bytes_return_the_existing_document(api: Api) -> None:
     assert api.upload_text(api.a, other, "identical bytes")["document_id"] != first["document_id"]
 
 
+def test_same_bytes_requeue_a_failed_document_and_say_so(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: object
+) -> None:
+    """Re-uploading the bytes of a failed document returned it, still failed, with its dead
+    job: nothing could bring it back but a delete. It is now queued again with a new job,
+    and the answer says `requeued`."""
+    from rag.db import jobs
+
+    api = make_api(db_url, hash_embedder, in_process_worker=False)
+    cid = api.collection(api.a)
+    first = api.upload_text(api.a, cid, "failed once")
+    assert first["requeued"] is False
+    db = api.services.db
+    claimed = jobs.claim(db, "w1", lease_s=30)
+    assert claimed is not None and claimed.id == first["job_id"]
+    jobs.fail(db, claimed, "a worker fault", permanent=True, backoff_base_s=0, backoff_max_s=0)
+    doc = api.client.get(f"/v1/documents/{first['document_id']}", headers=api.a).json()
+    assert doc["status"] == "failed"
+    again = api.upload_text(api.a, cid, "failed once")
+    assert again["document_id"] == first["document_id"] and again["duplicate"] is True
+    assert again["requeued"] is True and again["status"] == "queued"
+    assert again["job_id"] not in (None, first["job_id"])
+    retry = jobs.claim(db, "w2", lease_s=30)
+    assert retry is not None and retry.id == again["job_id"] and retry.attempt == 1
+    # A duplicate of a document that is not failed is not requeued.
+    third = api.upload_text(api.a, cid, "failed once")
+    assert third["job_id"] == again["job_id"] and third["requeued"] is False
+
+
 def test_delete_tombstones_at_once(api: Api) -> None:
     cid = api.collection(api.a)
     item = api.upload_text(api.a, cid, "to be deleted " * 50)

@@ -323,3 +323,61 @@ def test_a_flood_of_invalid_keys_never_holds_up_a_valid_key(
         assert waited < 5, waited  # and not behind them (each holds a thread 10 s)
         answers = sorted(s.result(30) for s in statuses)
     assert set(answers) <= {401, 429} and 401 in answers and 429 in answers
+
+
+@pytest.mark.parametrize("route", ["ask", "chat"])
+def test_asks_retrieve_on_the_search_threads_in_their_tenants_line(
+    sqlite_api: Api, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """An ask's retrieval ran in the default executor, outside the tenants' lines and with
+    no bound: one tenant's flood of asks held every thread it wanted and was never refused.
+    It now runs on the search threads: past its share a tenant's asks wait in its line, past
+    the line's bound they get 429, and another tenant's ask runs at once."""
+    api = sqlite_api
+    cid_a, cid_b = api.collection(api.a), api.collection(api.b)
+    pools = _pools(api, search_threads=2, tenant_threads=1, thread_queue=8, tenant_queue=2)
+    release = threading.Event()
+    lock = threading.Lock()
+    running = {cid_a: 0, cid_b: 0}
+    peak = dict(running)
+    real = api.services.retriever.search
+
+    def slow(tenant_id: str, cid: str, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            running[cid] += 1
+            peak[cid] = max(peak[cid], running[cid])
+        try:
+            if cid == cid_a:
+                release.wait(30)
+            return real(tenant_id, cid, *args, **kwargs)
+        finally:
+            with lock:
+                running[cid] -= 1
+
+    monkeypatch.setattr(api.services.retriever, "search", slow)
+
+    def ask(headers: dict[str, str], cid: str) -> int:
+        question = "when does the ferry leave?"
+        if route == "chat":
+            body = {"model": cid, "messages": [{"role": "user", "content": question}]}
+            url = "/v1/chat/completions"
+        else:
+            body, url = {"question": question}, f"/v1/collections/{cid}/ask"
+        body["mode"] = "extractive"
+        return api.client.post(url, json=body, headers=headers).status_code
+
+    with ThreadPoolExecutor(6) as flood:
+        floods = [flood.submit(ask, api.a, cid_a) for _ in range(6)]
+        for _ in range(200):
+            if sum(f.done() for f in floods) >= 3 or peak[cid_a] >= 6:
+                break
+            threading.Event().wait(0.02)
+        started = time.monotonic()
+        assert ask(api.b, cid_b) == 200  # b's ask is not behind a's
+        assert time.monotonic() - started < 5
+        assert peak[cid_a] == 1  # a's share of the threads
+        assert pools.search.waiting == 2  # a's line is full
+        release.set()
+        statuses = sorted(f.result(30) for f in floods)
+    assert statuses == [200, 200, 200, 429, 429, 429], statuses
+    assert pools.search.busy == 0 and pools.search.waiting == 0

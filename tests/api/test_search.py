@@ -292,3 +292,37 @@ def test_metadata_filters_compare_by_type_and_never_fail(api: Api) -> None:
             headers=api.a,
         )
         assert r.status_code == 422 and "metadata key" in r.text, (key, r.text)
+
+
+def test_clients_see_opaque_chunk_ids_and_admins_alone_the_watermark(api: Api) -> None:
+    """Chunk ids and the index watermark were global counters: a tenant reading them between
+    two of its own uploads saw how much every other tenant ingested and deleted meanwhile
+    (issue 31, item 9). Clients now get each chunk's opaque id (a hash of its document and
+    span, the same in search, answers and the chunk listing), and the watermark only with
+    an admin key."""
+    from sqlalchemy import select
+
+    from rag.db.models import Chunk
+    from tests.conftest import ADMIN
+
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    api.wait_job(api.a, item["job_id"])
+    out = api.client.post(
+        f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a
+    ).json()
+    (passage,) = out["passages"]
+    with api.services.db.read() as s:
+        chunk = s.scalar(select(Chunk).where(Chunk.document_id == item["document_id"]))
+    assert chunk is not None
+    assert passage["chunk_id"] == chunk.uid != str(chunk.id)
+    listed = api.client.get(f"/v1/documents/{item['document_id']}/chunks", headers=api.a)
+    assert [c["id"] for c in listed.json()["chunks"]] == [chunk.uid]
+    assert out["index"]["watermark"] is None
+    rebuilt = api.client.post(f"/v1/collections/{cid}/index/rebuild", json={}, headers=api.a)
+    assert rebuilt.status_code == 202 and rebuilt.json()["watermark"] is None
+    mine = api.collection(ADMIN, name="admin's")
+    item = api.upload_text(ADMIN, mine, "The ferry leaves from pier four at nine.")
+    api.wait_job(ADMIN, item["job_id"])
+    r = api.client.post(f"/v1/collections/{mine}/search", json={"query": "ferry"}, headers=ADMIN)
+    assert r.json()["index"]["watermark"] >= 1

@@ -406,3 +406,66 @@ def test_markdown_is_parsed_under_the_time_limit() -> None:
         pipeline.parse(b"[" * 3_000_000, MARKDOWN)
     assert time.monotonic() - started < 10
     assert pipeline.parse(b"# Title\n\nSome [link](x).\n", MARKDOWN).startswith("# Title")
+
+
+def test_a_database_outage_is_waited_out_not_charged_to_the_document(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each transient database error (connection lost, database locked) was one failed
+    attempt: with the backoff's first steps a short outage used every attempt and failed the
+    document for good. The step is now retried in place, with backoff, and the attempt
+    counts only when the outage outlasts `transient_retry_s`."""
+    from sqlalchemy.exc import OperationalError
+
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "written after the outage", max_attempts=3)
+    outage_ends = time.monotonic() + 1.0
+
+    def down(real):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if time.monotonic() < outage_ends:
+                raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(ingested, "complete_many", down(ingested.complete_many))
+    monkeypatch.setattr(ingested, "complete", down(ingested.complete))
+    settings = IngestSettings(lease_s=5, backoff_base_s=0.01, backoff_max_s=0.05)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    for _ in range(100):
+        worker.run_once()
+        with db.read() as s:
+            job = s.get(IngestJob, job_id)
+            assert job is not None
+            if job.state in ("done", "failed"):
+                break
+        time.sleep(0.02)
+    assert job.state == "done" and job.attempts == 1, (job.state, job.attempts, job.error)
+
+
+def test_leases_run_on_the_databases_clock_not_the_workers(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases were stamped and compared with each process's own clock: a worker on a machine
+    whose clock ran an hour ahead saw every lease expired and took over jobs other workers
+    were running (and one an hour behind held a dead worker's job for an hour). Claims and
+    renewals now read the database's clock."""
+    import rag.db.jobs as jobs_module
+
+    emb = HashEmbedder()
+    cid = _collection(db, emb)
+    job_id = _upload(db, cid, "leased by the first worker")
+    first = jobs.claim(db, "w1", lease_s=30)
+    assert first is not None and first.id == job_id
+    real = time.time
+    monkeypatch.setattr(jobs_module, "now", lambda: real() + 3600)  # a clock an hour ahead
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    assert jobs.claim(db, "w2", lease_s=30) is None  # w1's lease still holds
+    assert jobs.renew(db, first, 0.2)
+    monkeypatch.setattr(jobs_module, "now", lambda: real() - 3600)  # an hour behind
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    time.sleep(0.3)
+    taken = jobs.claim(db, "w3", lease_s=30)  # w1's short lease ran out on the database's clock
+    assert taken is not None and taken.id == job_id and taken.owner == "w3"

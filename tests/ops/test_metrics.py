@@ -416,3 +416,33 @@ def test_readyz_reports_a_dead_step_thread_and_is_cheap(
     api.services.settings.metrics.readyz_cache_s = 60.0
     engine.alive = True  # type: ignore[attr-defined]
     assert api.client.get("/readyz").status_code == 503
+
+
+def test_a_burst_of_probes_runs_one_readiness_check(
+    sqlite_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes that found no fresh answer each ran the check, on one of the 40 threads of
+    FastAPI's pool: a flood of /readyz (anyone may send it) ran the database ping as often
+    as it came and waited for threads. One check now runs at a time, the probes that come
+    meanwhile share its answer, and a cached answer is given on the event loop."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rag.api.routes import ops
+
+    api = sqlite_api
+    api.services.settings.metrics.readyz_cache_s = 60.0
+    calls: list[int] = []
+    real = ops.readiness
+
+    def slow(services: Any) -> Any:
+        calls.append(threading.get_ident())
+        time.sleep(0.3)
+        return real(services)
+
+    monkeypatch.setattr(ops, "readiness", slow)
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: api.client.get("/readyz").status_code, range(8)))
+    assert statuses == [200] * 8
+    assert len(calls) == 1

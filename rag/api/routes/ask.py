@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -23,9 +22,17 @@ from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
-from rag.api.deps import CurrentPrincipal, ServicesDep
+from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
-from rag.api.schemas_ask import AskIn, AskOut, CitationOut, QuoteOut, UsageOut, passages_out
+from rag.api.schemas_ask import (
+    AskIn,
+    AskOut,
+    CitationOut,
+    QuoteOut,
+    UsageOut,
+    opaque,
+    passages_out,
+)
 from rag.engine.sequence import SamplingParams
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
@@ -76,7 +83,9 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
     search = prep.search
     return {
         "answer": final.answer,
-        "citations": [CitationOut(**asdict(c)).model_dump() for c in final.citations],
+        "citations": [
+            CitationOut(**opaque(prep.passages, c)).model_dump() for c in final.citations
+        ],
         "usage": UsageOut.of(final.usage).model_dump(),
         "timings_ms": final.timings_ms,
         "finish_reason": final.finish_reason,
@@ -85,7 +94,7 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "unsupported": final.unsupported,
         "echoed": final.echoed,
         "repeated": final.repeated,
-        "quotes": [QuoteOut(**asdict(q)).model_dump() for q in final.quotes],
+        "quotes": [QuoteOut(**opaque(prep.passages, q)).model_dump() for q in final.quotes],
         "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],
         "partial": search.partial if search else False,
@@ -107,14 +116,18 @@ async def ask(
     request: Request,
     services: ServicesDep,
     principal: CurrentPrincipal,
+    pools: PoolsDep,
 ) -> Any:
     """Answer a question from the collection's documents, with citations. With `stream`, the
-    answer comes as server-sent events: `passages`, then `token`s, then `final`."""
+    answer comes as server-sent events: `passages`, then `token`s, then `final`. Retrieval
+    runs on the search threads, in the tenant's line (429 when it is full)."""
     slot = services.asks.take(principal.tenant_id)  # 429 past the tenant's answers in flight
     streaming = False
     try:
         req = ask_request(body)
-        prep = await prepare_answer(services, principal.tenant_id, collection_id, req)
+        prep = await prepare_answer(
+            services, principal.tenant_id, collection_id, req, pools.search.run
+        )
         if not body.stream:
             final = await collect(services, prep)
             observe_stages("ask", final.timings_ms)

@@ -168,14 +168,7 @@ async def rebuild_index(
             params = index_spec(services, kind, dict(params))
             collections.set_index_spec(session, c, kind, params)
         services.indexes.rebuild(collection_id, None if kind == "auto" else kind, params)
-        state = services.indexes.state(collection_id)
-        return IndexInfo(
-            kind=state.kind,
-            count=state.count,
-            watermark=state.watermark,
-            building=state.building,
-            stale=state.stale,
-        )
+        return IndexInfo.of(services.indexes.state(collection_id), admin=principal.is_admin)
 
     return await pools.db.run(rebuild)
 

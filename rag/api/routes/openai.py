@@ -25,7 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from rag.answer.ask import prepare as prepare_answer
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.pools import Pools
-from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, passages_out
+from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, opaque, passages_out
 from rag.config import Settings
 from rag.db import collections
 from rag.db.models import Collection
@@ -153,7 +153,7 @@ async def _complete(
             question, Knobs(k=body.k), None, params, body.budget_ms, mode=body.mode,
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
         )  # fmt: skip
-        prep = await prepare_answer(services, tenant_id, collection.id, req)
+        prep = await prepare_answer(services, tenant_id, collection.id, req, pools.search.run)
     elif body.model == generator_model(services.settings):
         messages = [(m.role, m.text()) for m in body.messages]
         params = replace(
@@ -274,7 +274,7 @@ def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
             "unsupported": final.unsupported,
             "echoed": final.echoed,
             "repeated": final.repeated,
-            "quotes": [asdict(q) for q in final.quotes],
+            "quotes": [opaque(prep.passages, q) for q in final.quotes],
             "timings_ms": final.timings_ms,
         },
     }
@@ -288,7 +288,7 @@ def sources(prep: Prepared, final: Final) -> list[dict[str, Any]]:
     for n, p in enumerate(prep.passages, start=1):
         c = cited.get(n)
         out.append({
-            "marker": n, "chunk_id": p.chunk_id, "document_id": p.document_id,
+            "marker": n, "chunk_id": p.uid, "document_id": p.document_id,
             "filename": p.filename, "start_char": p.start_char, "end_char": p.end_char,
             "cited": c is not None, "attributed": c is not None and c.attributed,
             "sentences": list(c.sentences) if c is not None else [],

@@ -10,10 +10,12 @@ network. With `metrics.enabled=false` it answers 404.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -40,7 +42,7 @@ async def healthz() -> Health:
     "/readyz",
     responses={503: {"description": "not ready: the body says which checks failed"}},
 )
-def readyz(request: Request, services: ServicesDep) -> JSONResponse:
+async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     """Ready to serve: the database answers, the embedding model is loaded, and every open
     vector index is caught up with the change log (its last catch-up finished, at most a
     batch behind). An index being rebuilt is counted, not a failure: its old generation
@@ -50,17 +52,35 @@ def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     loaded, its step thread must be alive (one that died leaves every ask waiting). 200 with
     the checks, or 503 with the same body saying what failed (counts, never collection ids).
     Needs no API key, so it is cheap: one database ping, no query per index, and answered
-    from a result at most `metrics.readyz_cache_s` old."""
-    ttl = services.settings.metrics.readyz_cache_s
-    cached: tuple[float, dict[str, Any]] | None = getattr(request.app.state, "readyz", None)
-    if cached is not None and time.monotonic() - cached[0] < ttl:
-        checks = cached[1]
-    else:
-        checks = readiness(services)
-        request.app.state.readyz = (time.monotonic(), checks)
+    from a result at most `metrics.readyz_cache_s` old, on the event loop. One check runs at
+    a time (in a thread); probes that arrive meanwhile wait for its answer."""
+    checks = _fresh(request.app.state, services.settings.metrics.readyz_cache_s)
+    if checks is None:
+        checks = await _check(request.app.state, services)
     ready = all(c["ok"] for c in checks.values())
     body = {"status": "ready" if ready else "not ready", "checks": checks}
     return JSONResponse(body, 200 if ready else 503)
+
+
+async def _check(state: Any, services: Services) -> dict[str, Any]:
+    """A new answer, or the one a check already running gives: one at a time."""
+    lock: asyncio.Lock | None = getattr(state, "readyz_lock", None)
+    if lock is None:
+        lock = state.readyz_lock = asyncio.Lock()
+    async with lock:
+        fresh = _fresh(state, services.settings.metrics.readyz_cache_s)
+        if fresh is not None:
+            return fresh
+        checks = await anyio.to_thread.run_sync(readiness, services)
+        state.readyz = (time.monotonic(), checks)
+        return checks
+
+
+def _fresh(state: Any, ttl: float) -> dict[str, Any] | None:
+    cached: tuple[float, dict[str, Any]] | None = getattr(state, "readyz", None)
+    if cached is not None and time.monotonic() - cached[0] < ttl:
+        return cached[1]
+    return None
 
 
 def readiness(services: Services) -> dict[str, dict[str, Any]]:

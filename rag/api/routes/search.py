@@ -28,10 +28,14 @@ async def search(
     """The top-k passages for a query, with the knobs actually used, per-stage timings, and
     whether anything was degraded to stay within the latency budget. Runs on the search
     threads: 429 with Retry-After when they are all busy and enough searches wait."""
-    return await pools.search.run(_search, services, principal.tenant_id, collection_id, body)
+    return await pools.search.run(
+        _search, services, principal.tenant_id, collection_id, body, principal.is_admin
+    )
 
 
-def _search(services: Services, tenant_id: str, collection_id: str, body: SearchIn) -> Response:
+def _search(
+    services: Services, tenant_id: str, collection_id: str, body: SearchIn, admin: bool
+) -> Response:
     knobs = Knobs(
         k=body.k,
         ef_search=body.ef_search,
@@ -48,20 +52,14 @@ def _search(services: Services, tenant_id: str, collection_id: str, body: Search
     observe_stages("search", result.timings_ms)
     state = result.index
     out = SearchOut(
-        passages=[PassageOut(**vars(p)) for p in result.passages],
+        passages=[PassageOut.of(p) for p in result.passages],
         knobs=result.knobs_used(),
         timings_ms=result.timings_ms,
         degraded=bool(result.degraded),
         degradations=result.degraded,
         over_budget=result.over_budget,
         partial=result.partial,
-        index=IndexInfo(
-            kind=state.kind,
-            count=state.count,
-            watermark=state.watermark,
-            building=state.building,
-            stale=state.stale,
-        ),
+        index=IndexInfo.of(state, admin=admin),
     )
     # Serialised here, once: FastAPI would validate the model again against response_model
     # and encode it in two more passes (~0.5 ms a search, for the same bytes).
