@@ -74,7 +74,7 @@ def ingest(client: httpx.Client, headers: dict[str, str], cid: str, docs: list[d
 
 
 def ask_one(client: httpx.Client, headers: dict[str, str], cid: str, q: str, max_tokens: int,
-            visible: set[int]) -> dict[str, Any]:  # fmt: skip
+            visible: set[str]) -> dict[str, Any]:  # fmt: skip
     t0 = time.perf_counter()
     ttft = None
     given: list[dict] = []
@@ -200,7 +200,7 @@ def main() -> int:
 
             with services.db.read() as session:
                 visible = set(session.scalars(
-                    select(Chunk.id).join(Document, Document.id == Chunk.document_id)
+                    select(Chunk.uid).join(Document, Document.id == Chunk.document_id)
                     .where(Chunk.tenant_id == tenant_id, Document.deleted_at.is_(None))
                 ))  # fmt: skip
             ask_one(client, headers, cid, questions[0], 4, visible)  # warm up

@@ -174,9 +174,11 @@ def append_chunks(services: Any, cid: str, vectors: Any, texts: list[str]) -> An
                 for o in range(len(vectors))
             ],
         )
-        ids = session.execute(
-            select(Chunk.ordinal, Chunk.id).where(Chunk.document_id == doc.id)
+        rows = session.execute(
+            select(Chunk.ordinal, Chunk.id, Chunk.uid).where(Chunk.document_id == doc.id)
         ).all()
+        ids = [(ordinal, chunk_id) for ordinal, chunk_id, _ in rows]
+        BY_UID.update({uid: chunk_id for _, chunk_id, uid in rows})
         session.execute(
             insert(ChangeLog),
             [
@@ -185,6 +187,11 @@ def append_chunks(services: Any, cid: str, vectors: Any, texts: list[str]) -> An
             ],
         )
     return np.array([c for _, c in sorted(ids)], dtype=np.int64)
+
+
+# The API's opaque chunk ids (the chunk's uid) -> the SQL ids the ground truth uses, for the
+# chunks this process seeded.
+BY_UID: dict[str, int] = {}
 
 
 def http_pass(
@@ -207,7 +214,7 @@ def http_pass(
         times, bodies = time_each(ask, len(texts))
         assert server.proc is not None
         rss = rss_mb(server.proc.pid)
-    found = [[p["chunk_id"] for p in b["passages"]] for b in bodies]
+    found = [[BY_UID[p["chunk_id"]] for p in b["passages"]] for b in bodies]
     knobs = bodies[0]["knobs"]
     note = f"ef_search={knobs.get('ef_search')}"
     return recall_at_k(found, gt_ids, K), percentile(times, 50), percentile(times, 99), rss, note

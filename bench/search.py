@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -323,6 +323,8 @@ class Corpus:
     vectors: F32
     texts: list[str]
     chunk_ids: I64  # row -> chunk id in SQL
+    # The API's opaque chunk ids (the chunk's uid) -> the SQL ids the ground truth uses.
+    by_uid: dict[str, int] = field(default_factory=dict)
 
 
 def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Corpus]:
@@ -354,6 +356,7 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
     vectors, src = synthesize(real.passages, n, seed=1)
     texts = [real.passage_texts[j] for j in src.tolist()]
     chunk_ids = np.zeros(n, dtype=np.int64)
+    by_uid: dict[str, int] = {}
     per_doc = 500
     for d, start in enumerate(range(0, n, per_doc)):
         stop = min(start + per_doc, n)
@@ -403,11 +406,13 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
                     for o in range(stop - start)
                 ],
             )
-            ids = session.execute(
-                select(Chunk.ordinal, Chunk.id).where(Chunk.document_id == doc.id)
+            rows = session.execute(
+                select(Chunk.ordinal, Chunk.id, Chunk.uid).where(Chunk.document_id == doc.id)
             ).all()
-            for ordinal, chunk_id in ids:
+            ids = [(ordinal, chunk_id) for ordinal, chunk_id, _ in rows]
+            for ordinal, chunk_id, uid in rows:
                 chunk_ids[start + ordinal] = chunk_id
+                by_uid[uid] = chunk_id
             session.execute(
                 insert(ChangeLog),
                 [
@@ -415,7 +420,7 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
                     for _, c in ids
                 ],
             )
-    return key, cid, Corpus(vectors, texts, chunk_ids)
+    return key, cid, Corpus(vectors, texts, chunk_ids, by_uid)
 
 
 class Server:
@@ -560,7 +565,7 @@ def http_and_chroma(
                 return r.json()  # type: ignore[no-any-return]
 
             times, bodies = time_each(ask, n_queries)
-            found = [[p["chunk_id"] for p in b["passages"]] for b in bodies]
+            found = [[corpus.by_uid[p["chunk_id"]] for p in b["passages"]] for b in bodies]
             kind = bodies[0]["index"]["kind"]
             knobs = bodies[0]["knobs"]
             results.append(
