@@ -107,16 +107,21 @@ def add(
         if existing is None:  # pragma: no cover - the index said it exists
             raise
         return _requeued(session, existing, max_attempts)
+    return Accepted(doc, _queue(session, doc, max_attempts), duplicate=False)
+
+
+def _queue(session: Session, doc: Document, max_attempts: int) -> IngestJob:
+    """A new ingest job for `doc`, due now on the clock the claims read."""
     job = IngestJob(
-        tenant_id=collection.tenant_id,
-        collection_id=collection.id,
+        tenant_id=doc.tenant_id,
+        collection_id=doc.collection_id,
         document_id=doc.id,
         max_attempts=max_attempts,
-        run_after=clock(session),  # due on the clock the claims read
+        run_after=clock(session),
     )
     session.add(job)
     session.flush()
-    return Accepted(doc, job, duplicate=False)
+    return job
 
 
 def _requeued(session: Session, existing: Accepted, max_attempts: int) -> Accepted:
@@ -131,16 +136,7 @@ def _requeued(session: Session, existing: Accepted, max_attempts: int) -> Accept
         return _live_duplicate(session, doc.collection_id, doc.sha256) or existing
     t = now()
     doc.status, doc.error, doc.updated_at = "queued", None, t
-    job = IngestJob(
-        tenant_id=doc.tenant_id,
-        collection_id=doc.collection_id,
-        document_id=doc.id,
-        max_attempts=max_attempts,
-        run_after=clock(session),  # due on the clock the claims read
-    )
-    session.add(job)
-    session.flush()
-    return Accepted(doc, job, duplicate=True, requeued=True)
+    return Accepted(doc, _queue(session, doc, max_attempts), duplicate=True, requeued=True)
 
 
 def _encode_cursor(created_at: float, doc_id: str) -> str:
