@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 
 from rag.answer.cite import MARKER, STOP, stem, terms
+from rag.answer.evidence import WORD
 from rag.answer.segment import sentence_spans
 
-_WORD = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*", re.UNICODE)
 _HEDGE = re.compile(
     r"\b(?:i don'?t know|i do not know|not (?:explicitly )?(?:mentioned|stated|specified|given|"
     r"provided|say|said)|does not (?:say|state|mention|specify)|doesn'?t (?:say|state|mention)|"
@@ -49,7 +49,7 @@ def _key(words: list[str]) -> set[str]:
 
 
 def _all(text: str) -> set[str]:
-    return {stem(w.lower()) for w in _WORD.findall(text)}
+    return {stem(w.lower()) for w in WORD.findall(text)}
 
 
 def passes(sentence: str, *, question: str, passage: str, quote: str) -> bool:
@@ -57,7 +57,7 @@ def passes(sentence: str, *, question: str, passage: str, quote: str) -> bool:
     text = MARKER.sub(" ", sentence).strip()
     if not text or len(text) > MAX_SENTENCE_CHARS or _HEDGE.search(text) or _LINK.search(text):
         return False
-    words = _WORD.findall(text)
+    words = WORD.findall(text)
     if len(words) < 2:
         return False
     stated = _key(words)

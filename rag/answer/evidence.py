@@ -110,7 +110,8 @@ class Choice:
         )
 
 
-_WORD = re.compile(r"[^\W_]+(?:[.:'-][^\W_]+)*", re.UNICODE)  # "09:30" is one word
+# A word, numbers and times included ("4.2.1", "09:30", "O'Neill", "mid-1480s").
+WORD = re.compile(r"[^\W_]+(?:[.:'-][^\W_]+)*", re.UNICODE)
 _NUMBER = re.compile(r"\d")
 _CLOCK = re.compile(r"\b\d{1,2}[:.]\d{2}\b")
 _YEAR = re.compile(r"^(?:1\d{3}|20\d{2}|\d{2,4}s|\d{1,2}(?:st|nd|rd|th))$")
@@ -171,7 +172,7 @@ _ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
 def ask_of(question: str) -> Ask:
     """The kind of answer `question` wants, from its first question word ("How old was he
     when ..." asks for a number, not a time)."""
-    text = " ".join(w.lower() for w in _WORD.findall(question))
+    text = " ".join(w.lower() for w in WORD.findall(question))
     found = [(m.start(), n, m) for n, (rx, _) in enumerate(_ASKS) if (m := rx.search(text))]
     if not found:
         return Ask.OTHER
@@ -194,7 +195,7 @@ def question_names(question: str) -> set[str]:
     and no other passage can stand in for ("the capital of Vrelnia", "model X200")."""
     out = set()
     first = True
-    for m in _WORD.finditer(question):
+    for m in WORD.finditer(question):
         w = m.group(0)
         lower = w.lower()
         named = any(ch.isdigit() for ch in w) or (not first and w[:1].isupper())
@@ -207,7 +208,7 @@ def question_names(question: str) -> set[str]:
 def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
     """Where `text` holds an answer of the kind asked for that the question does not:
     [start, end) of each word that is one."""
-    words = list(_WORD.finditer(text))
+    words = list(WORD.finditer(text))
     out = []
     for n, m in enumerate(words):
         w = m.group(0)
@@ -291,26 +292,24 @@ def choose(
     wanted = terms(question)
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
-    held = [terms(p.text) | (terms(_title(titles, i)) if titles else set())
-            for i, p in enumerate(passages)]  # fmt: skip
+    named = [terms(_title(titles, i)) for i in range(len(passages))]
+    held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
     weight = {t: math.log(1.0 + (n + 1) / (1 + sum(t in h for h in held))) for t in wanted}
     total = sum(weight.values()) or 1.0
     best: _Scored | None = None
     every: list[_Scored] = []
     for i, p in enumerate(passages):
-        title = terms(_title(titles, i)) if titles else set()
         prior = dense[i] if dense is not None and i < len(dense) else 0.0
         for u in units(p.text, starts_document=p.start_char == 0):
-            s = _score(p.text, u, wanted, names, ask, weight, total, title, weights, prior)
-            s.passage = i
+            s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior)
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
     if best is None:
         return None
     if similar is not None and weights.similar:
-        shortlist = sorted(every, key=lambda s: -s.score)[: weights.shortlist]
+        shortlist = sorted(every, key=lambda s: (not s.names, -s.score))[: weights.shortlist]
         texts = [_described(passages[s.passage].text, s.unit, _title(titles, s.passage))
                  for s in shortlist]  # fmt: skip
         for s, cosine in zip(shortlist, similar(texts), strict=True):
@@ -345,6 +344,7 @@ def _title(titles: Sequence[str] | None, i: int) -> str:
 
 
 def _score(
+    passage: int,
     text: str,
     u: Unit,
     wanted: set[str],
@@ -389,7 +389,7 @@ def _score(
         + (weights.names if names and names_in_unit else 0.0)
         + weights.predicate * (predicate if rest else 0.0)
     )
-    return _Scored(0, u, score, share, own_share, names_found, found, predicate, focus,
+    return _Scored(passage, u, score, share, own_share, names_found, found, predicate, focus,
                    None, focus_text)  # fmt: skip
 
 

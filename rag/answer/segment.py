@@ -55,7 +55,7 @@ def _blocks(text: str) -> list[str]:
             out[-1] += line
         else:
             out.append(line)
-    return [b for b in out if b.strip()] if any(b.strip() for b in out) else []
+    return [b for b in out if b.strip()]
 
 
 def _continues(block: str, line: str) -> bool:

@@ -16,7 +16,7 @@ painting by Botticelli." says what "It is held in the Uffizi" is about).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rag.answer.segment import sentence_spans
 
@@ -49,7 +49,6 @@ class _Line:
     start: int
     end: int
     text: str
-    cells: list[Span] = field(default_factory=list)
 
 
 def units(text: str, starts_document: bool = False) -> list[Unit]:
@@ -77,7 +76,7 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
 
     while i < len(lines):
         line = lines[i]
-        table = _tab_table(lines, i) or _grid_table(text, lines, i)
+        table = _tab_table(lines, i) or _grid_table(lines, i)
         if table is not None:
             flush()
             header, rows, i = table
@@ -161,9 +160,7 @@ def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[S
     return tuple(text_of), rows, j
 
 
-def _grid_table(
-    text: str, lines: list[_Line], i: int
-) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
+def _grid_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
     """A PDF table: a run of short lines, header cells first (no digits), then rows of as
     many cells whose first names the row and whose others hold numbers."""
     j = i

@@ -111,6 +111,40 @@ def test_a_document_deleted_before_citation_is_not_cited(
     assert [c["marker"] for c in body["citations"]] == [2]
 
 
+def test_a_quote_whose_document_was_deleted_meanwhile_is_never_shown(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: Any
+) -> None:
+    """The default path quotes before anything else: the quote's chunk is checked in SQL
+    first, and a document deleted after retrieval is refused, not quoted."""
+    api: Api
+    victim: dict[str, str] = {}
+
+    def delete_the_quoted_document(messages: Any) -> None:
+        with api.services.db.write() as session:
+            documents.delete(session, victim["tenant"], victim["doc"])
+
+    engine = FakeEngine(answer="The ferry leaves at nine.", on_submit=delete_the_quoted_document)
+    api = _api(make_api, db_url, hash_embedder, engine)
+    cid = api.collection(api.a)
+    ingest(api, api.a, cid, FACTS)
+    first = api.client.post(
+        f"/v1/collections/{cid}/search", json={"query": "What time does the ferry leave?", "k": 2},
+        headers=api.a,
+    ).json()["passages"][0]  # fmt: skip
+    victim.update(doc=first["document_id"], tenant=_tenant_of(api, cid))
+    r = api.client.post(f"/v1/collections/{cid}/ask", json={
+        "question": "What time does the ferry leave?", "k": 2, "stream": True,
+    }, headers=api.a)  # fmt: skip
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    final = events[-1][1]
+    assert engine.prompts, "the generation was submitted (the delete ran then)"
+    assert final["answer_source"] == "refused" and final["finish_reason"] == "no_evidence"
+    assert final["citations"] == [] and "nine" not in final["answer"]
+    shown = "".join(d["text"] for n, d in events if n == "token")
+    assert "nine" not in shown
+
+
 def _tenant_of(api: Api, cid: str) -> str:
     from rag.db.models import Collection
 
