@@ -118,8 +118,10 @@ def console(tmp_path: Path) -> Iterator[Console]:
         data_dir=tmp_path / "data",
         database={"url": f"sqlite:///{tmp_path / 'rag.db'}"},
         ingest={"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0},
-        # The hash embedder's scores are low: let every passage through to the generator.
-        ask={"relevance_threshold": -1.0},
+        # The hash embedder's scores are low: let every passage through to the generator,
+        # which sees them all and writes the answer the console renders ("all"); the default
+        # ("one": a quote, then a checked sentence) has its own test.
+        ask={"relevance_threshold": -1.0, "evidence": "all"},
         auth={"admin_key": "test-admin-key-0123456789"},
     )
     engine = FakeEngine(ANSWER)

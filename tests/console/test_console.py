@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.webdriver.support.ui import Select
 
 from rag.embed import Embedder
 from rag.ops.tune import tune
@@ -310,6 +311,51 @@ def test_upload_watch_ask_and_open_a_citation(
     shown = driver.find_element(*_by("#citation-text")).text
     assert shown.split() == _document_text(chunks).split()
     driver.save_screenshot(str(shots / "console-ask.png"))
+    _no_page_errors(driver)
+
+
+@pytest.mark.slow
+def test_one_passage_answer_quotes_first_and_says_how_it_was_made(
+    console: Console, browser: Any
+) -> None:
+    driver = browser
+    cid = _api_collection(console, "one")
+    _open_documents(driver, console, cid)
+    _drop_files(driver, {"freedonia.txt": DOC_FREEDONIA, "river.txt": DOC_RIVER})
+    _wait_indexed(driver, 2)
+
+    driver.find_element(*_by("#tab-ask")).click()
+    Select(driver.find_element(*_by("#ask-evidence"))).select_by_value("one")
+    driver.find_element(*_by("#ask-question")).send_keys("What is the capital of Freedonia?")
+    driver.find_element(*_by("#ask-submit")).click()
+    _wait(
+        lambda: "done" in driver.find_element(*_by("#answer-state")).get_attribute("class"),
+        "the final event",
+    )
+    # The passage's own sentence comes first, cited; then the generator's sentence, which
+    # agrees with it (the fake engine's first sentence), so the answer says "generated".
+    answer = driver.find_element(*_by("#answer")).text
+    assert answer.startswith("The capital of Freedonia is Fredville")
+    assert "Fredville is the capital of Freedonia" in answer
+    assert "The river Fred runs through it" not in answer  # one sentence only
+    usage = driver.find_element(*_by("#answer-usage")).text
+    assert usage.startswith("generated")
+    cites = driver.find_elements(*_by("#answer a.cite"))
+    assert cites and {c.get_attribute("data-marker") for c in cites} == {"1"}
+    # The generator saw one passage: the one holding the quote.
+    (prompt,) = console.engine.prompts
+    assert "bridges and bakeries" in str(prompt) and "north to south" not in str(prompt)
+
+    # A question the documents cannot answer is refused, and the console says so.
+    driver.find_element(*_by("#ask-question")).clear()
+    driver.find_element(*_by("#ask-question")).send_keys("How many bakeries does Fredville have?")
+    driver.find_element(*_by("#ask-submit")).click()
+    _wait(
+        lambda: "done" in driver.find_element(*_by("#answer-state")).get_attribute("class"),
+        "the refusal",
+    )
+    assert driver.find_element(*_by("#answer-usage")).text.startswith("refused")
+    assert len(console.engine.prompts) == 1  # refused without the generator
     _no_page_errors(driver)
 
 

@@ -461,6 +461,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     const maxTokens = intOrNull($("ask-max-tokens"));
     if (k) body.k = k;
     if (maxTokens) body.max_tokens = maxTokens;
+    const evidence = $("ask-evidence").value;
+    if (evidence) body.evidence = evidence;
     try {
       const r = await fetch("/v1/collections/" + encodeURIComponent(state.collection.id) + "/ask", {
         method: "POST",
@@ -670,6 +672,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
   function renderUsage(d) {
     const u = d.usage || {};
     const parts = [];
+    // How the answer was made: "quoted" (a passage's sentence), "generated", "refused".
+    if (d.answer_source) parts.push(d.answer_source);
     const cached = u.cached_tokens ?? u.cached_prompt_tokens;
     const generated = u.generated_tokens ?? u.completion_tokens;
     if (u.prompt_tokens !== undefined) parts.push(u.prompt_tokens + " prompt tokens");
