@@ -223,3 +223,34 @@ def test_auto_takes_w8a8_wherever_its_kernel_has_a_vector_path():
     kernels = require_kernels()
     assert kernels.i8_simd() == (kernels.i8_fast() or torch.backends.cpu.get_cpu_capability()
                                  in ("AVX2", "AVX512"))  # fmt: skip
+
+
+def test_the_kernel_lets_other_threads_run_while_it_computes():
+    """A prefill's matmul must not hold the GIL: while long i8_linear calls run in a thread,
+    Python in this one goes on. With the GIL held, this thread's longest pause would be a
+    whole call; without it, it is the interpreter's switch interval, far shorter."""
+    import sys
+    import threading
+    import time
+
+    kernels = require_kernels()
+    lin = layer(2048, 2048, False, kernels=kernels)
+    x = torch.randn(2048, 2048, generator=gen(5))
+    calls: list[float] = []
+
+    def call() -> None:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            kernels.i8_linear(x, lin.packed, lin.wsum, lin.ws, lin.smooth, lin.bias)
+            calls.append(time.perf_counter() - t0)
+
+    t = threading.Thread(target=call)
+    longest, last = 0.0, time.perf_counter()
+    t.start()
+    while t.is_alive():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    t.join()
+    shortest_call = min(calls)
+    assert shortest_call > 20 * sys.getswitchinterval()  # long enough to tell the two apart
+    assert longest < shortest_call / 2

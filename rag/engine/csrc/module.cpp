@@ -16,12 +16,17 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
                             std::vector<torch::Tensor> layers, int64_t bits, int64_t group,
                             int64_t H, int64_t Hkv, int64_t D, double eps, double scale);
 
+// The kernels run without the GIL (arguments are converted before, the result after): a
+// prefill's matmuls or a whole decode step must not stop the server's event loop and the
+// other threads for as long as they take. They touch no Python object.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over paged KV blocks");
-  m.def("qgemm", &qgemm, "x @ W^T with W in 4- or 8-bit groups");
-  m.def("i8_linear", &i8_linear, "x @ W^T in 8-bit integers (x per row, W per output row)");
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("paged_decode", &paged_decode, "decode attention over paged KV blocks", nogil());
+  m.def("qgemm", &qgemm, "x @ W^T with W in 4- or 8-bit groups", nogil());
+  m.def("i8_linear", &i8_linear, "x @ W^T in 8-bit integers (x per row, W per output row)",
+        nogil());
   m.def("i8_fast", &i8_fast, "whether i8_linear was built with VNNI");
   m.def("i8_simd", &i8_simd, "whether i8_linear was built with VNNI or AVX2 (else plain loops)");
-  m.def("q8_rows", &q8_rows, "rows of an 8-bit table, dequantized");
-  m.def("decode_layers", &decode_layers, "every decoder layer of a decode step");
+  m.def("q8_rows", &q8_rows, "rows of an 8-bit table, dequantized", nogil());
+  m.def("decode_layers", &decode_layers, "every decoder layer of a decode step", nogil());
 }
