@@ -611,9 +611,12 @@ def _ingested(client: httpx.Client, body: dict[str, Any], url: str) -> tuple[int
             j = client.get(f"/v1/jobs/{item['job_id']}", params={"wait": 5})
             if j.status_code == 200 and j.json()["done"]:
                 if j.json()["state"] != "done":
+                    print(f"    job {item['job_id']} {j.json()['state']}: "
+                          f"{j.json().get('error')}", flush=True)  # fmt: skip
                     return 599, []
                 break
             if time.monotonic() > deadline:
+                print(f"    job {item['job_id']} not done in 60 s: {j.text[:300]}", flush=True)
                 return 599, []
     return 202, [item["document_id"] for item in items]
 
