@@ -84,18 +84,20 @@ def test_stream_order_and_citations_map_to_the_passages_given(
     assert [p["chunk_id"] for p in body["passages"]] == [p["chunk_id"] for p in given]
 
 
-def test_a_document_deleted_before_citation_is_not_cited(
-    make_api: Callable[..., Api], db_url: str, hash_embedder: Any
-) -> None:
+def _deleting_after_retrieval(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: Any, answer: str
+) -> tuple[Api, FakeEngine, str, dict[str, Any]]:
+    """A service whose engine deletes the ferry question's first passage's document when the
+    generation is submitted (after retrieval, before the answer is written: the worst moment
+    for a delete); that passage as /search returns it."""
     api: Api
     victim: dict[str, str] = {}
 
     def delete_first_passage(messages: Any) -> None:
-        # Runs after retrieval, before the answer is written: the worst moment for a delete.
         with api.services.db.write() as session:
             documents.delete(session, victim["tenant"], victim["doc"])
 
-    engine = FakeEngine(answer="Nine [1] and sixteen [2].", on_submit=delete_first_passage)
+    engine = FakeEngine(answer=answer, on_submit=delete_first_passage)
     api = _api(make_api, db_url, hash_embedder, engine)
     cid = api.collection(api.a)
     ingest(api, api.a, cid, FACTS)
@@ -103,7 +105,16 @@ def test_a_document_deleted_before_citation_is_not_cited(
         f"/v1/collections/{cid}/search", json={"query": "What time does the ferry leave?", "k": 2},
         headers=api.a,
     ).json()["passages"][0]  # fmt: skip
-    victim.update(doc=first["document_id"], tenant=api.services.db and _tenant_of(api, cid))
+    victim.update(doc=first["document_id"], tenant=_tenant_of(api, cid))
+    return api, engine, cid, first
+
+
+def test_a_document_deleted_before_citation_is_not_cited(
+    make_api: Callable[..., Api], db_url: str, hash_embedder: Any
+) -> None:
+    api, _, cid, first = _deleting_after_retrieval(
+        make_api, db_url, hash_embedder, "Nine [1] and sixteen [2]."
+    )
     body = _ask(api, api.a, cid, k=2, evidence="all").json()
     assert body["passages"][0]["document_id"] == first["document_id"]
     cited = {c["document_id"] for c in body["citations"]}
@@ -116,22 +127,9 @@ def test_a_quote_whose_document_was_deleted_meanwhile_is_never_shown(
 ) -> None:
     """The default path quotes before anything else: the quote's chunk is checked in SQL
     first, and a document deleted after retrieval is refused, not quoted."""
-    api: Api
-    victim: dict[str, str] = {}
-
-    def delete_the_quoted_document(messages: Any) -> None:
-        with api.services.db.write() as session:
-            documents.delete(session, victim["tenant"], victim["doc"])
-
-    engine = FakeEngine(answer="The ferry leaves at nine.", on_submit=delete_the_quoted_document)
-    api = _api(make_api, db_url, hash_embedder, engine)
-    cid = api.collection(api.a)
-    ingest(api, api.a, cid, FACTS)
-    first = api.client.post(
-        f"/v1/collections/{cid}/search", json={"query": "What time does the ferry leave?", "k": 2},
-        headers=api.a,
-    ).json()["passages"][0]  # fmt: skip
-    victim.update(doc=first["document_id"], tenant=_tenant_of(api, cid))
+    api, engine, cid, _ = _deleting_after_retrieval(
+        make_api, db_url, hash_embedder, "The ferry leaves at nine."
+    )
     r = api.client.post(f"/v1/collections/{cid}/ask", json={
         "question": "What time does the ferry leave?", "k": 2, "stream": True,
     }, headers=api.a)  # fmt: skip
