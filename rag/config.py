@@ -145,6 +145,21 @@ class QuotaSettings(_Section):
     max_pending_jobs: int | None = Field(None, ge=0)
     # Answers (ask, chat completions) being prepared or generated at once, per API process.
     max_concurrent_asks: int | None = Field(None, ge=1)
+    # Stored conversations (POST .../conversations), and the bytes of their turns' text.
+    max_conversations: int | None = Field(None, ge=0)
+    max_conversation_mb: float | None = Field(None, ge=0)
+
+
+class ConversationSettings(_Section):
+    """Stored conversations (rag.db.conversations)."""
+
+    # A conversation untouched this long is erased by the purge (None: kept until deleted).
+    retention_days: float | None = Field(None, gt=0)
+    # Turns one conversation may hold; a turn past it is refused (409).
+    max_turns: int = Field(200, ge=1, le=10_000)
+    # Turns a listing returns at most; an /ask with a conversation reads the latest
+    # ask.max_history_turns of them.
+    page_size: int = Field(50, ge=1, le=500)
 
 
 class SearchSettings(_Section):
@@ -238,6 +253,17 @@ class AskSettings(_Section):
     extract_sentences: int = Field(1, ge=1, le=20)
     extract_words: int = Field(90, ge=1, le=2000)
 
+    # Conversations (rag.answer.history): a follow-up ("When was it published?") is rewritten
+    # into a stand-alone question before it is searched, unless a request says
+    # `rewrite: false`. The history one request may carry (earlier turns, and their
+    # questions' and answers' characters in all; 413 past either), and the turns the prompt
+    # carries after the passages (the oldest dropped first, also to fit the context).
+    rewrite: bool = True
+    max_history_turns: int = Field(20, ge=0, le=1000)
+    max_history_chars: int = Field(20_000, ge=0, le=1_000_000)
+    prompt_turns: int = Field(2, ge=0, le=100)
+    prompt_turn_chars: int = Field(1500, ge=0, le=100_000)
+
 
 class AuthSettings(_Section):
     # When unset, an admin key is generated on first start and written to
@@ -321,6 +347,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     purge: PurgeSettings = PurgeSettings()
     quota: QuotaSettings = QuotaSettings()
+    conversations: ConversationSettings = ConversationSettings()
     engine: EngineSettings = EngineSettings()
     ask: AskSettings = AskSettings()
     auth: AuthSettings = AuthSettings()

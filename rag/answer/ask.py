@@ -20,6 +20,11 @@ not contain it, without the generator (answer_source ``refused``). Otherwise, by
   written and reviewed sentence by sentence.
 
 The extractive mode quotes without the generator.
+
+A follow-up in a conversation (`history`, oldest turn first) is resolved into a stand-alone
+question first (rag.answer.history): that is what is retrieved, what the evidence is chosen
+and checked for, and the prompt's last question, after the earlier turns; `searched_query`
+reports it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from rag.answer import history as histories
 from rag.answer import prompt as prompts
 from rag.answer.cite import chooser
 from rag.answer.evidence import Choice, choose
@@ -79,6 +85,10 @@ class AskRequest:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    # The conversation's earlier turns, oldest first, and whether a follow-up is rewritten
+    # into a stand-alone question (None: AskSettings.rewrite).
+    history: tuple[histories.Turn, ...] = ()
+    rewrite: bool | None = None
 
 
 Mode = Literal["generate", "extractive"]
@@ -105,6 +115,7 @@ def check(req: AskRequest, settings: AskSettings) -> None:
     max_tokens = req.params.max_tokens
     if max_tokens is not None and not 1 <= max_tokens <= settings.max_tokens_limit:
         raise Invalid(f"max_tokens must be between 1 and {settings.max_tokens_limit}")
+    histories.check_bounds(req.history, settings.max_history_turns, settings.max_history_chars)
 
 
 async def prepare(
@@ -125,6 +136,9 @@ async def prepare(
     deadline = Deadline.after_ms(budget)
     timings: dict[str, float] = {}
     request_id = "ask-" + uuid.uuid4().hex
+    rewrite = settings.rewrite if req.rewrite is None else req.rewrite
+    resolved = histories.resolve(req.question, req.history, rewrite=rewrite)
+    req = replace(req, question=resolved.query)
     knobs = req.knobs if req.knobs.k is not None else req.knobs.with_(k=settings.default_k)
     retrieve_deadline = (
         Deadline(deadline.started + budget / 1000.0 * settings.retrieve_share)
@@ -150,7 +164,7 @@ async def prepare(
         return Refused(
             tenant_id=tenant_id, collection_id=collection_id, passages=[], search=result,
             deadline=deadline, timings_ms=timings, request_id=request_id, text=text,
-            reason=reason,
+            reason=reason, resolved=resolved,
         )  # fmt: skip
 
     if not result.passages:
@@ -176,6 +190,7 @@ async def prepare(
                                        services.settings.engine.kv_reuse),  # fmt: skip
         run=run,
     )  # fmt: skip
+    prep.resolved = resolved
     prep.timings_ms["admit_to_submit"] = _ms(t0)
     return prep
 
@@ -232,7 +247,9 @@ async def answer_from(
         given = passages
         wording = prompts.GROUNDED
     t = time.perf_counter()
-    built = await run(_prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording)
+    turns = histories.prompt_turns(req.history, settings.prompt_turns, settings.prompt_turn_chars)
+    built = await run(_prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording,
+                      turns)  # fmt: skip
     timings["prompt"] = _ms(t)
     if settings.cite_mask:
         steer = chooser(given[: built.given]) if settings.cite_steer else None
@@ -268,6 +285,7 @@ def _prompt(
     tenant_id: str,
     kv_reuse: KvReuse,
     wording: prompts.Wording,
+    history: list[histories.Turn] | None = None,
 ) -> prompts.Prompt:
     """The prompt, counted with the engine's tokenizer (in a thread: a long passage takes a
     while to tokenize, and the event loop serves every tenant)."""
@@ -276,6 +294,7 @@ def _prompt(
     built = prompts.build(
         question, given, context_tokens=context, max_tokens=max_tokens,
         count=engine.count_tokens, salt=tenant_id, kv_reuse=kv_reuse, wording=wording,
+        history=history or (),
     )  # fmt: skip
     if built.given == 0 or built.tokens + max_tokens > context:
         raise Invalid("the question and max_tokens do not fit the model's context")

@@ -34,6 +34,7 @@ from rag.answer.cite import (
     visible_in,
 )
 from rag.answer.extract import Extracted, Quote
+from rag.answer.history import Resolved
 from rag.answer.loops import cut, repeat_start, repeated_tail
 from rag.deadline import Deadline
 from rag.engine.protocol import GenerationBackend, Prompt
@@ -80,6 +81,12 @@ class Prepared:
     timings_ms: dict[str, float]
     request_id: str
     mode: str = "generate"  # generate | extractive
+    # The question as searched and answered (a follow-up made stand-alone), and how.
+    resolved: Resolved | None = None
+
+    @property
+    def searched_query(self) -> str | None:
+        return self.resolved.query if self.resolved is not None else None
 
     @property
     def stream(self) -> AsyncIterator[TokenEvent] | None:

@@ -1,4 +1,5 @@
-"""The chat prompt of a grounded answer: system instruction, numbered passages, question.
+"""The chat prompt of a grounded answer: system instruction, numbered passages, the earlier
+turns of the conversation, question.
 
 Passages are quoted data, never instructions: each is fenced, and text inside a document that
 could close a fence, pose as a chat role, or invite the model to render an outside link is
@@ -9,6 +10,13 @@ passage as a segment of its own (rag.engine.protocol.Segment), then the question
 number changes from prompt to prompt, so its header ``<passage n>`` stays outside the segment;
 the segment (source, text, closing fence) is the same text wherever the passage appears, and
 its KV can be computed once and reused (rag.engine.passages).
+
+Earlier turns of a conversation come after the passages and before the question, as chat
+turns: the first user message holds the passages and the first earlier question, each answer
+is an assistant message, and the question asked now is the last user message. So a passage
+stays a prefix, and a follow-up over the same passage extends the previous turn's prompt
+exactly (its tokens and the KV the prefix cache holds for them). When the prompt does not
+fit, the oldest turns are dropped first, then the weakest passages.
 """
 
 from __future__ import annotations
@@ -157,17 +165,35 @@ def passages_block(passages: Sequence[PassageLike]) -> str:
     )
 
 
+class TurnLike(Protocol):
+    @property
+    def question(self) -> str: ...
+    @property
+    def answer(self) -> str: ...
+
+
 def messages_for(
-    question: str, passages: Sequence[PassageLike], wording: Wording = GROUNDED
+    question: str,
+    passages: Sequence[PassageLike],
+    wording: Wording = GROUNDED,
+    history: Sequence[TurnLike] = (),
 ) -> Messages:
-    question = neutralise(question).strip()
+    """The system message, then the passages with the first question, each earlier answer
+    and the question after it; `history` is the conversation's earlier turns, oldest first."""
+    asked = [*(t.question for t in history), question]
+    lines = [f"Question: {neutralise(q).strip()}\n{wording.suffix}" for q in asked]
     if passages:
-        user = (
-            f"{wording.header}{passages_block(passages)}\n\nQuestion: {question}\n{wording.suffix}"
-        )
+        lines[0] = f"{wording.header}{passages_block(passages)}\n\n{lines[0]}"
     else:
-        user = f"Question: {question}"
-    return [{"role": "system", "content": wording.system}, {"role": "user", "content": user}]
+        lines = [line.rstrip("\n") if not wording.suffix else line for line in lines]
+    messages = [
+        {"role": "system", "content": wording.system},
+        {"role": "user", "content": lines[0]},
+    ]
+    for turn, line in zip(history, lines[1:], strict=True):
+        messages.append({"role": "assistant", "content": neutralise(turn.answer).strip()})
+        messages.append({"role": "user", "content": line})
+    return messages
 
 
 def segmented(
@@ -177,9 +203,10 @@ def segmented(
     salt: str,
     kv_reuse: KvReuse = "blend",
     wording: Wording = GROUNDED,
+    history: Sequence[TurnLike] = (),
 ) -> SegmentedPrompt:
     return SegmentedPrompt(
-        messages_for(question, passages, wording),
+        messages_for(question, passages, wording, history),
         tuple(segment_of(p, salt) for p in passages),
         kv_reuse,
     )
@@ -195,19 +222,25 @@ def build(
     salt: str = "",
     kv_reuse: KvReuse = "blend",
     wording: Wording = GROUNDED,
+    history: Sequence[TurnLike] = (),
 ) -> Prompt:
     """The prompt for `question` over as many of `passages` (strongest first, as ranked) as
-    fit in `context_tokens` with `max_tokens` left for the answer. Weak passages are dropped
-    whole, never cut. `salt` (the tenant) and `kv_reuse` go to the segments; `wording`
-    is the text around them."""
+    fit in `context_tokens` with `max_tokens` left for the answer. The oldest earlier turns
+    go first, then weak passages, whole, never cut. `salt` (the tenant) and `kv_reuse` go to
+    the segments; `wording` is the text around them."""
     count = count or estimate_tokens
     room = context_tokens - max_tokens
+    turns = list(history)
 
     def make(n: int) -> tuple[SegmentedPrompt, int]:
-        sp = segmented(question, passages[:n], salt=salt, kv_reuse=kv_reuse, wording=wording)
+        sp = segmented(question, passages[:n], salt=salt, kv_reuse=kv_reuse, wording=wording,
+                       history=turns)  # fmt: skip
         return sp, count(sp)
 
     whole, tokens = make(len(passages))
+    while turns and tokens > room:
+        turns.pop(0)
+        whole, tokens = make(len(passages))
     if tokens <= room:
         return Prompt(whole, len(passages), tokens)
     # The longest prefix of the ranking that fits: a binary search over how many to keep.
