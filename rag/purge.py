@@ -3,8 +3,10 @@
 Every process runs one (`rag serve` and `rag worker`, started by rag.services). Each round,
 every `interval_s`:
 
-1. erase tombstoned documents from the record in batches, then deleted collections' rows
-   (rag.db.purge: rows, text, full-text entries, vectors, the tenant's blob when unused);
+1. erase tombstoned documents from the record in batches (with the conversation turns their
+   passages served), then deleted conversations and those past the retention, then deleted
+   collections' rows and conversations (rag.db.purge: rows, text, full-text entries,
+   vectors, the tenant's blob when unused);
 2. make the bytes leave the database's files (rag.db.purge.reclaim);
 3. tell this process's listeners which chunks left the record since the last round.
 
@@ -50,14 +52,19 @@ Listener = Callable[[list[Removed]], None]
 class Round:
     documents: int  # erased from the record by this process
     collections: int
+    conversations: int
     reclaimed: bool  # the files were compacted (or there was nothing to do)
     removed: int  # chunk removals told to the listeners
 
 
 class Purger:
-    def __init__(self, db: Database, settings: PurgeSettings) -> None:
+    def __init__(
+        self, db: Database, settings: PurgeSettings, retention_s: float | None = None
+    ) -> None:
+        """`retention_s`: conversations untouched this long are erased (None: kept)."""
         self.db = db
         self.settings = settings
+        self.retention_s = retention_s
         self._listeners: list[Listener] = []
         self._feed_mark: int | None = None
         # A process that starts finishes a reclaim a crash may have cut short.
@@ -91,19 +98,26 @@ class Purger:
                 )
             if len(batch) < self.settings.batch:
                 break
+        conversations = 0
+        while True:
+            ids = sql.purge_conversations(self.db, self.retention_s, self.settings.batch)
+            conversations += len(ids)
+            if len(ids) < self.settings.batch:
+                break
+        if conversations:
+            log.info("purged %d conversations", conversations)
         collections = sql.purge_collections(self.db)
         for collection_id in collections:
             log.info("purged collection %s", collection_id)
         reclaimed = True
-        if documents or collections or self._reclaim_due:
+        erased = bool(documents or collections or conversations)
+        if erased or self._reclaim_due:
             reclaimed = sql.reclaim(
-                self.db,
-                full_vacuum=self.settings.postgres_vacuum == "full",
-                convert=bool(documents or collections),
+                self.db, full_vacuum=self.settings.postgres_vacuum == "full", convert=erased
             )
             self._reclaim_due = not reclaimed
         removed = self._publish()
-        return Round(documents, len(collections), reclaimed, removed)
+        return Round(documents, len(collections), conversations, reclaimed, removed)
 
     def _head(self) -> int:
         with self.db.connect() as conn:

@@ -1,6 +1,7 @@
 """Per-tenant quotas and load limits (RAG_QUOTA__*; all unlimited by default).
 
-Quotas bound what a tenant holds: live collections, live documents and their bytes. A write
+Quotas bound what a tenant holds: live collections, live documents and their bytes, stored
+conversations and the bytes of their text. A write
 that would pass one is refused with `QuotaExceeded` (HTTP 403): it is checked after the rows
 are written, inside the same transaction, so the refusal rolls them back and concurrent
 uploads of one tenant cannot pass the quota together (its row is locked first).
@@ -17,10 +18,10 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from rag.config import QuotaSettings
-from rag.db import Session, usage
+from rag.db import Session, conversations, usage
 from rag.errors import Overloaded, QuotaExceeded
 
-_MB = 1024 * 1024
+MB = 1024 * 1024
 T = TypeVar("T")
 
 
@@ -58,8 +59,8 @@ def check_upload(
                 f"{quota.max_documents}",
                 detail={"quota": "documents", "limit": quota.max_documents, "used": count},
             )
-        if quota.max_storage_mb is not None and size > quota.max_storage_mb * _MB:
-            limit = int(quota.max_storage_mb * _MB)
+        if quota.max_storage_mb is not None and size > quota.max_storage_mb * MB:
+            limit = int(quota.max_storage_mb * MB)
             raise QuotaExceeded(
                 f"this upload would make {size} bytes of documents; this tenant may have at "
                 f"most {limit} ({quota.max_storage_mb:g} MB)",
@@ -75,9 +76,34 @@ def check_upload(
             )
 
 
+def check_conversations(
+    session: Session, tenant_id: str, quota: QuotaSettings | None, *, added_bytes: int = 0
+) -> None:
+    """After creating a conversation or adding a turn (of `added_bytes`), in its
+    transaction."""
+    if quota is None:
+        return
+    count, size = conversations.usage(session, tenant_id)
+    if quota.max_conversations is not None and not added_bytes and count > quota.max_conversations:
+        raise QuotaExceeded(
+            f"this tenant may have at most {quota.max_conversations} conversations (it has "
+            f"{count - 1}); delete one first",
+            detail={"quota": "conversations", "limit": quota.max_conversations, "used": count - 1},
+        )
+    if quota.max_conversation_mb is not None and size > quota.max_conversation_mb * MB:
+        limit = int(quota.max_conversation_mb * MB)
+        raise QuotaExceeded(
+            f"this turn would make {size} bytes of conversation text; this tenant may have at "
+            f"most {limit} ({quota.max_conversation_mb:g} MB): delete a conversation first",
+            detail={"quota": "conversation_bytes", "limit": limit, "used": size - added_bytes},
+        )
+
+
 def _any(quota: QuotaSettings) -> bool:
     return (
-        quota.max_documents is not None
+        quota.max_conversations is not None
+        or quota.max_conversation_mb is not None
+        or quota.max_documents is not None
         or quota.max_storage_mb is not None
         or quota.max_pending_jobs is not None
         or quota.max_collections is not None

@@ -165,7 +165,7 @@ def build_services(
         indexes=indexes,
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
-        purger=Purger(db, settings.purge),
+        purger=Purger(db, settings.purge, _retention_s(settings)),
         asks=AskSlots(settings.quota.max_concurrent_asks),
         _own_embedder=own_embedder,
     )
@@ -177,6 +177,11 @@ def build_services(
     if run_worker:
         services.workers.append(make_worker(services))
     return services
+
+
+def _retention_s(settings: Settings) -> float | None:
+    days = settings.conversations.retention_days
+    return None if days is None else days * 86400.0
 
 
 def make_worker(services: Services) -> Worker:

@@ -12,7 +12,18 @@ from rag.api import errors, openapi
 from rag.api.limits import BodyLimit, path_pattern
 from rag.api.middleware import install as install_metrics
 from rag.api.pools import Pools
-from rag.api.routes import ask, collections, console, documents, jobs, keys, openai, ops, search
+from rag.api.routes import (
+    ask,
+    collections,
+    console,
+    conversations,
+    documents,
+    jobs,
+    keys,
+    openai,
+    ops,
+    search,
+)
 from rag.config import Settings
 from rag.services import Services, build_services
 
@@ -51,6 +62,8 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         larger=[(upload[0], upload[1], upload[2] + MULTIPART_OVERHEAD)],
     )
     install_metrics(app, settings)  # outermost: times and tags everything inside
-    for module in (ops, keys, collections, documents, jobs, search, console, ask, openai):
+    for module in (
+        ops, keys, collections, documents, jobs, search, console, ask, openai, conversations,
+    ):  # fmt: skip
         app.include_router(module.router)
     return app

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.api.schemas import INT_MAX, NOT_BLANK, Request
-from rag.api.schemas_search import CHUNK_ID, PassageOut, SearchFilter
+from rag.api.schemas_search import CHUNK_ID, PassageOut, SearchFilter, TurnIn
 from rag.engine.protocol import KvReuse
 from rag.engine.sequence import Usage
 from rag.retrieve import Passage
@@ -23,9 +23,38 @@ SEED_MAX = INT_MAX
 
 # ---------------------------------------------------------------- ask
 
+# The most turns a body may state; the service's own bound (RAG_ASK__MAX_HISTORY_TURNS, and
+# RAG_ASK__MAX_HISTORY_CHARS for their text) answers 413 below it.
+MAX_HISTORY = 1000
+
+
+History = Annotated[
+    list[TurnIn],
+    Field(
+        max_length=MAX_HISTORY,
+        description="the conversation's earlier turns, oldest first: a follow-up is made a "
+        "stand-alone question from them, and the prompt carries the latest (413 past "
+        "RAG_ASK__MAX_HISTORY_TURNS turns or RAG_ASK__MAX_HISTORY_CHARS characters)",
+    ),
+]
+REWRITE = (
+    "rewrite a follow-up into a stand-alone question before searching (the final event's "
+    "`searched_query` says what was searched); false searches the question as asked. None: "
+    "the service's (RAG_ASK__REWRITE)"
+)
+
 
 class AskIn(Request):
     question: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
+    history: History | None = None
+    conversation_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="a stored conversation of this collection: its turns are the history, "
+        "and this turn is added to it",
+    )
+    rewrite: bool | None = Field(None, description=REWRITE)
     # retrieval knobs, as in the search route
     k: int | None = Field(None, ge=1, le=200, description="passages to retrieve")
     ef_search: int | None = Field(None, ge=1, le=10_000)
@@ -77,6 +106,12 @@ class AskIn(Request):
         if isinstance(v, str) and not v.strip():
             raise ValueError("question is empty")
         return v
+
+    @model_validator(mode="after")
+    def _one_history(self) -> AskIn:
+        if self.history is not None and self.conversation_id is not None:
+            raise ValueError("send `history` or `conversation_id`, not both")
+        return self
 
 
 class CitationOut(BaseModel):
@@ -179,6 +214,13 @@ class AskOut(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     degradations: list[str] = Field(default_factory=list)
     partial: bool = False
+    searched_query: str | None = Field(
+        None,
+        description="the question as searched and answered: a follow-up made stand-alone "
+        "from the conversation, else the question as asked",
+    )
+    rewritten: bool = Field(False, description="searched_query differs from the question")
+    conversation_id: str | None = Field(None, description="the conversation this turn joined")
 
 
 # ---------------------------------------------------------------- OpenAI-compatible
@@ -288,6 +330,7 @@ class ChatCompletionIn(Request):
     k: int | None = Field(None, ge=1, le=200)
     budget_ms: float | None = Field(None, gt=0, le=600_000)
     mode: Literal["generate", "extractive"] | None = Field(None, description="as in /ask")
+    rewrite: bool | None = Field(None, description=REWRITE)
 
     @model_validator(mode="after")
     def _bounded_text(self) -> ChatCompletionIn:
@@ -306,6 +349,18 @@ class ChatCompletionIn(Request):
             if m.role == "user" and m.has_text():
                 return m.text()
         return None
+
+    def history(self) -> list[tuple[str, str]]:
+        """The earlier turns before the question, oldest first: each user message with text
+        and the assistant's reply after it (empty when there is none)."""
+        turns: list[tuple[str, str]] = []
+        last = max(i for i, m in enumerate(self.messages) if m.role == "user" and m.has_text())
+        for m in self.messages[:last]:
+            if m.role == "user" and m.has_text():
+                turns.append((m.text(), ""))
+            elif m.role == "assistant" and turns and not turns[-1][1]:
+                turns[-1] = (turns[-1][0], m.text())
+        return turns
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -30,6 +30,13 @@ class SearchFilter(Request):
     )
 
 
+class TurnIn(Request):
+    """An earlier turn of a conversation, as the client saw it."""
+
+    question: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
+    answer: str = Field("", max_length=16_000)
+
+
 class SearchIn(Request):
     query: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK)
     k: int | None = Field(
@@ -43,6 +50,13 @@ class SearchIn(Request):
     )
     budget_ms: float | None = Field(None, gt=0, le=600_000, description="latency budget")
     filter: SearchFilter | None = None
+    history: list[TurnIn] | None = Field(
+        None,
+        max_length=1000,
+        description="earlier turns of a conversation (as in POST /ask): a follow-up query is "
+        "made stand-alone from them; `searched_query` says what was searched",
+    )
+    rewrite: bool | None = Field(None, description="false: search the query as given")
 
 
 CHUNK_ID = (
@@ -101,6 +115,8 @@ class SearchOut(BaseModel):
     over_budget: bool = Field(description="the search took longer than its budget")
     partial: bool = Field(description="the index is still building: results cover what is indexed")
     index: IndexInfo
+    searched_query: str = Field(description="what was searched: the query, or with `history` "
+                                "a follow-up made stand-alone")  # fmt: skip
 
 
 class RebuildIn(Request):

@@ -3,7 +3,6 @@ extracted text."""
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
@@ -14,10 +13,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from rag.db import collections
+from rag.db import collections, cursors
 from rag.db.jobs import cancel_jobs_where, clock
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
-from rag.errors import Invalid, NotFound
+from rag.errors import NotFound
 
 
 @dataclass
@@ -139,19 +138,6 @@ def _requeued(session: Session, existing: Accepted, max_attempts: int) -> Accept
     return Accepted(doc, _queue(session, doc, max_attempts), duplicate=True, requeued=True)
 
 
-def _encode_cursor(created_at: float, doc_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at!r}|{doc_id}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        created, doc_id = raw.split("|", 1)
-        return float(created), doc_id
-    except (ValueError, UnicodeDecodeError):
-        raise Invalid("cursor is not one this service issued") from None
-
-
 def list_page(
     session: Session,
     tenant_id: str,
@@ -170,18 +156,13 @@ def list_page(
     if status:
         stmt = stmt.where(Document.status == status)
     if cursor:
-        created, doc_id = _decode_cursor(cursor)
+        created, doc_id = cursors.decode(cursor)
         stmt = stmt.where(
             (Document.created_at > created)
             | ((Document.created_at == created) & (Document.id > doc_id))
         )
     stmt = stmt.order_by(Document.created_at, Document.id).limit(limit + 1)
-    docs = list(session.scalars(stmt))
-    next_cursor = None
-    if len(docs) > limit:
-        docs = docs[:limit]
-        next_cursor = _encode_cursor(docs[-1].created_at, docs[-1].id)
-    return docs, next_cursor
+    return cursors.page(list(session.scalars(stmt)), limit, lambda d: (d.created_at, d.id))
 
 
 def get(session: Session, tenant_id: str, document_id: str) -> Document:

@@ -260,3 +260,62 @@ class MilvusCollection(Base):
     building: Mapped[str | None] = mapped_column(String(255), nullable=True)
     build_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Conversation(Base):
+    """A conversation over one collection, owned by the key that created it (its tenant's
+    admin keys may list and delete it too). Its text lives in its turns; `bytes` sums them
+    for the tenant's quota. A delete tombstones it; the purge erases it (rag.db.purge)."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (
+        Index("ix_conversations_collection_updated", "collection_id", "updated_at", "id"),
+        Index("ix_conversations_tenant", "tenant_id", "deleted_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    key_id: Mapped[str] = mapped_column(String(32))  # the key that created it
+    turn_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Turns erased because a document they cited was deleted.
+    erased_turns: Mapped[int] = mapped_column(Integer, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ConversationTurn(Base):
+    """One question and its answer, with what it searched, its citations, and the documents
+    its passages came from (`ConversationSource`: a deleted document erases the turn)."""
+
+    __tablename__ = "conversation_turns"
+    __table_args__ = (
+        Index("ix_conversation_turns_conversation", "conversation_id", "ordinal"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    searched_query: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    answer_source: Mapped[str] = mapped_column(String(20))
+    finish_reason: Mapped[str] = mapped_column(String(20))
+    citations: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class ConversationSource(Base):
+    """A document a turn's passages came from: the purge of that document erases the turn."""
+
+    __tablename__ = "conversation_sources"
+    __table_args__ = (Index("ix_conversation_sources_document", "document_id"),)
+
+    turn_id: Mapped[int] = mapped_column(
+        ForeignKey("conversation_turns.id", ondelete="CASCADE"), primary_key=True
+    )
+    document_id: Mapped[str] = mapped_column(String(32), primary_key=True)

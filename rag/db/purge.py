@@ -4,7 +4,10 @@ A delete only tombstones (searches and answers stop seeing the document at once)
 a background loop in every process (rag.purge), then erases in batches: the document's chunks
 (and with them their full-text entries: a trigger on SQLite, the expression index on
 PostgreSQL), its extracted text, metadata and job, its tenant's copy of the blob once no
-document of that tenant uses it, and a deleted collection's row once it has no documents.
+document of that tenant uses it, the conversation turns whose passages came from it (their
+question and answer text; the rest of each conversation stays), and a deleted collection's
+row once it has no documents, with its conversations. Deleted conversations, and with a
+retention those left untouched longer, are erased the same way.
 
 The change log keeps one "remove" entry per purged chunk (written here for a deleted
 collection's chunks, which the delete itself did not log): ids only, never content. Every
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, exists, func, insert, literal, select
 from sqlalchemy.orm import Session
 
-from rag.db import fulltext
+from rag.db import conversations, fulltext
 from rag.db.locks import lock_collection
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
 from rag.db.session import BUSY_TIMEOUT_MS, Database
@@ -34,7 +37,10 @@ from rag.db.session import BUSY_TIMEOUT_MS, Database
 log = logging.getLogger(__name__)
 
 # The tables a purge deletes from (vacuumed on PostgreSQL).
-PURGED_TABLES = ("chunks", "documents", "blobs", "change_log", "ingest_jobs", "collections")
+PURGED_TABLES = (
+    "chunks", "documents", "blobs", "change_log", "ingest_jobs", "collections",
+    "conversations", "conversation_turns", "conversation_sources",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ def purge_documents(db: Database, limit: int) -> list[Purged]:
         fulltext.remove_documents(session, doc_ids)
         session.execute(delete(Chunk).where(Chunk.document_id.in_(doc_ids)))
         session.execute(delete(IngestJob).where(IngestJob.document_id.in_(doc_ids)))
+        conversations.erase_turns_of_documents(session, doc_ids)
         session.execute(delete(Document).where(Document.id.in_(doc_ids)))
         for tenant_id, sha256 in sorted({(d.tenant_id, d.sha256) for d in docs}):
             _drop_blob_if_unused(session, tenant_id, sha256)
@@ -123,12 +130,21 @@ def purge_collections(db: Database) -> list[str]:
         )
         if ids:
             fulltext.drop_collections(session, ids)
+            while conversations.erase(session, conversations.doomed(None, ids), 1000):
+                pass
             session.execute(delete(Collection).where(Collection.id.in_(ids)))
         return ids
 
 
-def pending(db: Database) -> int:
-    """Tombstoned documents and deleted collections not purged yet."""
+def purge_conversations(db: Database, retention_s: float | None, limit: int) -> list[str]:
+    """Erase up to `limit` conversations: deleted ones, and with a retention those untouched
+    for longer (every turn with them); their ids. A deleted collection's go with it."""
+    with db.write() as session:
+        return conversations.erase(session, conversations.doomed(retention_s), limit)
+
+
+def pending(db: Database, retention_s: float | None = None) -> int:
+    """Tombstoned documents, deleted collections and conversations not purged yet."""
     with db.read() as session:
         docs = session.scalar(
             select(func.count()).select_from(Document).where(Document.deleted_at.is_not(None))
@@ -136,7 +152,8 @@ def pending(db: Database) -> int:
         cols = session.scalar(
             select(func.count()).select_from(Collection).where(Collection.deleted_at.is_not(None))
         )
-    return int(docs or 0) + int(cols or 0)
+        convs = conversations.pending(session, retention_s)
+    return int(docs or 0) + int(cols or 0) + convs
 
 
 def reclaim(db: Database, *, full_vacuum: bool = False, convert: bool = True) -> bool:

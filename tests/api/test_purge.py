@@ -68,7 +68,7 @@ def test_deleted_document_leaves_no_bytes_in_any_file(
     make_api: Callable[..., Api], sqlite_url: str, kind: str
 ) -> None:
     api = make_api(sqlite_url, HashEmbedder(384), sections=MANUAL)
-    data_dir = api.services.settings.data_dir
+    data_dir = _files(api)  # the database's files too
     cid = api.collection(api.a, index={"kind": kind})
     doomed = _indexed(api, api.a, cid, SECRET)
     kept = _indexed(api, api.a, cid, KEPT)
@@ -369,3 +369,154 @@ def test_reclaim_never_waits_for_a_reader_holding_the_write_lock(api: Api) -> No
         reader.rollback()
         reader.close()
     assert reclaim(db)  # the reader gone, the next round truncates
+
+
+# ---------------------------------------------------------------- conversations
+
+# Words of the documents a conversation's answers quote, and of its questions.
+FERRY = "The {w} ferry leaves from pier 4 at 9:00 every morning, past the {w} lighthouse."
+ASKED = "When does the {w} ferry leave?"
+
+
+def _conversing(make_api: Callable[..., Api], db_url: str, **sections: dict[str, object]) -> Api:
+    from tests.ask.conftest import FakeEngine
+
+    api = make_api(db_url, HashEmbedder(384), engine=FakeEngine("It leaves at 9:00."),
+                   sections={**MANUAL, **sections})  # fmt: skip
+    api.services.settings.ask.relevance_threshold = -1.0
+    return api
+
+
+def _turn(api: Api, cid: str, conv: str, word: str) -> dict:
+    body = {"question": ASKED.format(w=word), "conversation_id": conv, "k": 1}
+    r = api.client.post(f"/v1/collections/{cid}/ask", json=body, headers=api.a)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["answer_source"] != "refused" and word in out["answer"]  # the quote holds it
+    return out  # type: ignore[no-any-return]
+
+
+def _new_conversation(api: Api, cid: str) -> str:
+    r = api.client.post(f"/v1/collections/{cid}/conversations", headers=api.a)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def _files(api: Api) -> Path:
+    """What the service wrote: the data directory and (beside it in these tests) the SQLite
+    database's files."""
+    database = Path(api.services.db.url.database or "")
+    root = api.services.settings.data_dir.parent
+    assert database.parent == root  # the database's files are among those scanned
+    return root
+
+
+def _conversation_rows(api: Api) -> dict[str, int]:
+    from rag.db.models import Conversation, ConversationSource, ConversationTurn
+
+    with api.services.db.read() as s:
+        return {
+            m.__tablename__: int(s.scalar(select(func.count()).select_from(m)) or 0)
+            for m in (Conversation, ConversationTurn, ConversationSource)
+        }
+
+
+def test_a_deleted_conversation_leaves_no_bytes_in_any_file(
+    make_api: Callable[..., Api], sqlite_url: str
+) -> None:
+    api = _conversing(make_api, sqlite_url)
+    files = _files(api)
+    cid = api.collection(api.a)
+    for words in (SECRET, KEPT):
+        item = api.upload_text(api.a, cid, FERRY.format(w=words[0]), filename=f"{words[0]}.txt")
+        assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    doomed, kept = _new_conversation(api, cid), _new_conversation(api, cid)
+    _turn(api, cid, doomed, SECRET[0])
+    _turn(api, cid, kept, KEPT[0])
+    # The documents stay: only the conversation's text (its question) must go.
+    question = word_needles([f"When does the {SECRET[0]} ferry"])
+    assert leftover_bytes(scan(files, question)) > 0
+
+    url = f"/v1/collections/{cid}/conversations/{doomed}"
+    assert api.client.delete(url, headers=api.a).status_code == 204
+    assert api.client.get(url, headers=api.a).status_code == 404  # gone at once
+    _purge(api)
+    assert scan(files, question) == []
+    assert _conversation_rows(api)["conversations"] == 1
+    kept_turn = word_needles([f"When does the {KEPT[0]} ferry"])
+    assert leftover_bytes(scan(files, kept_turn)) > 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+def test_deleting_a_document_erases_the_turns_it_served_and_the_rest_stays(
+    make_api: Callable[..., Api], request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'rag.db'}" if backend == "sqlite" else (
+        request.getfixturevalue("pg_url"))  # fmt: skip
+    api = _conversing(make_api, url)
+    cid = api.collection(api.a)
+    docs = {}
+    for words in (SECRET, KEPT):
+        item = api.upload_text(api.a, cid, FERRY.format(w=words[0]), filename=f"{words[0]}.txt")
+        assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+        docs[words[0]] = item["document_id"]
+    conv = _new_conversation(api, cid)
+    _turn(api, cid, conv, SECRET[0])
+    _turn(api, cid, conv, KEPT[0])
+    if backend == "sqlite":
+        assert leftover_bytes(scan(_files(api), word_needles(SECRET[:1]))) > 0
+    conv_url = f"/v1/collections/{cid}/conversations/{conv}"
+
+    assert api.client.delete(f"/v1/documents/{docs[SECRET[0]]}", headers=api.a).status_code == 204
+    turns = api.client.get(conv_url, headers=api.a).json()["turns"]
+    assert [t["ordinal"] for t in turns] == [2]  # left out at once, before any purge
+    _purge(api)
+    got = api.client.get(conv_url, headers=api.a).json()
+    assert (got["turn_count"], got["erased_turns"]) == (1, 1)
+    assert KEPT[0] in got["turns"][0]["question"]
+    assert _conversation_rows(api) == {
+        "conversations": 1, "conversation_turns": 1, "conversation_sources": 1,
+    }  # fmt: skip
+    # A new turn after the erasure takes the next place.
+    _turn(api, cid, conv, KEPT[0])
+    assert [t["ordinal"] for t in api.client.get(conv_url, headers=api.a).json()["turns"]] == [
+        2, 3,
+    ]  # fmt: skip
+    if backend == "sqlite":
+        assert scan(_files(api), word_needles(SECRET[:1])) == []
+        assert leftover_bytes(scan(_files(api), word_needles(KEPT))) > 0
+    else:
+        with api.services.db.engine.connect() as conn:
+            vacuumed = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN "
+                    "('conversations', 'conversation_turns', 'conversation_sources') "
+                    "AND schemaname = current_schema() AND last_vacuum IS NOT NULL"
+                )
+            ).scalar()
+        assert vacuumed == 3
+
+
+def test_a_deleted_collection_and_expired_conversations_are_erased(
+    make_api: Callable[..., Api], db_url: str
+) -> None:
+    # Retention: conversations untouched for more than about a second go.
+    api = _conversing(make_api, db_url, conversations={"retention_days": 1.5 / 86400})
+    cid, other = api.collection(api.a, name="one"), api.collection(api.a, name="two")
+    for c in (cid, other):
+        item = api.upload_text(api.a, c, FERRY.format(w=KEPT[0]))
+        assert api.wait_job(api.a, item["job_id"])["state"] == "done"
+    _turn(api, cid, _new_conversation(api, cid), KEPT[0])
+    old = _new_conversation(api, other)
+    _turn(api, other, old, KEPT[0])
+    assert api.client.delete(f"/v1/collections/{cid}", headers=api.a).status_code == 204
+    _purge(api)
+    assert _conversation_rows(api) == {
+        "conversations": 1, "conversation_turns": 1, "conversation_sources": 1,
+    }  # fmt: skip
+    time.sleep(2.0)
+    fresh = _new_conversation(api, other)
+    _purge(api)
+    listed = api.client.get(f"/v1/collections/{other}/conversations", headers=api.a).json()
+    assert [c["id"] for c in listed["conversations"]] == [fresh]
+    assert _conversation_rows(api)["conversation_turns"] == 0

@@ -32,6 +32,8 @@ def test_no_quota_by_default(api: Api) -> None:
         "max_storage_mb": None,
         "max_pending_jobs": None,
         "max_concurrent_asks": None,
+        "max_conversations": None,
+        "max_conversation_mb": None,
     }
     for i in range(5):
         api.collection(api.a, name=f"c{i}")

@@ -2,9 +2,14 @@
 
 The stream is three kinds of events, in order: one ``passages`` (what the model was given,
 numbered from [1]), any number of ``token`` (text as it is written), and one ``final``
-(answer, citations, the sentences no passage supports, usage, timings, finish reason; in
-extractive mode the quotes with their spans). Errors found before the first token (bad
-input, unknown collection, overload) are ordinary HTTP errors, never a started stream.
+(answer, citations, the sentences no passage supports, usage, timings, finish reason, the
+query searched; in extractive mode the quotes with their spans). Errors found before the
+first token (bad input, unknown collection or conversation, overload, a history past its
+bounds) are ordinary HTTP errors, never a started stream.
+
+With `conversation_id`, the conversation's turns are the history and the answer is added to
+it as a turn (rag.api.conversations); with `history`, the client's turns are, and nothing is
+stored.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
+from rag.answer.history import Turn
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
+from rag.api.errors import body as error_body
 from rag.api.openapi import WITH_BODY, errors
+from rag.api.routes import conversations
 from rag.api.schemas_ask import (
     AskIn,
     AskOut,
@@ -34,6 +42,7 @@ from rag.api.schemas_ask import (
     passages_out,
 )
 from rag.engine.sequence import SamplingParams
+from rag.errors import RagError
 from rag.knobs import Knobs
 from rag.ops.metrics import observe_stages
 from rag.quota import released_after
@@ -47,7 +56,7 @@ router = APIRouter(tags=["ask"])
 DISCONNECT_POLL_S = 0.1
 
 
-def ask_request(body: AskIn) -> AskRequest:
+def ask_request(body: AskIn, history: tuple[Turn, ...] = ()) -> AskRequest:
     filt = None
     if body.filter is not None:
         ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
@@ -76,6 +85,8 @@ def ask_request(body: AskIn) -> AskRequest:
         frequency_penalty=body.frequency_penalty,
         presence_penalty=body.presence_penalty,
         repetition_penalty=body.repetition_penalty,
+        history=history or tuple(Turn(t.question, t.answer) for t in body.history or ()),
+        rewrite=body.rewrite,
     )
 
 
@@ -98,6 +109,8 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "knobs": search.knobs_used() if search else {},
         "degradations": search.degraded if search else [],
         "partial": search.partial if search else False,
+        "searched_query": prep.searched_query,
+        "rewritten": prep.resolved.rewritten if prep.resolved else False,
     }
 
 
@@ -124,21 +137,30 @@ async def ask(
     slot = services.asks.take(principal.tenant_id)  # 429 past the tenant's answers in flight
     streaming = False
     try:
-        req = ask_request(body)
+        turn: conversations.Joined | None = None
+        if body.conversation_id is not None:
+            turn = await pools.db.run(
+                conversations.join, services, principal, collection_id, body.conversation_id,
+                body.question,
+            )  # fmt: skip
+        req = ask_request(body, turn.history if turn else ())
         prep = await prepare_answer(
             services, principal.tenant_id, collection_id, req, pools.search.run
         )
         if not body.stream:
             final = await collect(services, prep)
             observe_stages("ask", final.timings_ms)
-            return AskOut(passages=passages_out(prep.passages), **final_out(prep, final))
+            out = final_out(prep, final)
+            if turn is not None:
+                await pools.db.run(conversations.record, services, turn, body.question, prep, out)
+            return AskOut(passages=passages_out(prep.passages), **out)
         # Harmless when the generation already finished; frees it when the body never ran.
         cleanup = BackgroundTasks()
         cleanup.add_task(cancel, services, prep)
         cleanup.add_task(slot.release)
         streaming = True
         return StreamingResponse(
-            released_after(slot, _events(services, prep, request)),
+            released_after(slot, _events(services, prep, request, turn, body.question)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             background=cleanup,
@@ -148,7 +170,10 @@ async def ask(
             slot.release()
 
 
-async def _events(services: Services, prep: Prepared, request: Request) -> AsyncIterator[bytes]:
+async def _events(
+    services: Services, prep: Prepared, request: Request,
+    turn: conversations.Joined | None = None, question: str = "",
+) -> AsyncIterator[bytes]:  # fmt: skip
     watcher = asyncio.create_task(_watch_disconnect(request, services, prep))
     stream = tokens(services, prep)
     try:
@@ -157,7 +182,16 @@ async def _events(services: Services, prep: Prepared, request: Request) -> Async
         async for item in stream:
             if isinstance(item, Final):
                 observe_stages("ask", item.timings_ms)
-                yield sse("final", final_out(prep, item))
+                out = final_out(prep, item)
+                if turn is not None:
+                    try:
+                        await asyncio.to_thread(
+                            conversations.record, services, turn, question, prep, out
+                        )
+                    except RagError as exc:  # the answer stands; the turn was not stored
+                        yield sse("error", error_body(exc.code, exc.message, exc.detail))
+                        out["conversation_id"] = None
+                yield sse("final", out)
             else:
                 yield sse("token", {"text": item})
     finally:

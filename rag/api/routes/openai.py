@@ -3,10 +3,14 @@
 `model` chooses what answers:
 
 - a collection of the caller's tenant, by id or by name: a grounded answer over it (the last
-  user message is the question, earlier turns are not used for retrieval); the passages given
-  come back in the extra field `sources`, each marked `cited` or not with the answer's
-  sentences that cite it (and in full in `passages`), on the response and on the final chunk
-  of a stream;
+  user message is the question; the earlier user messages and the assistant's replies are
+  the conversation's history, so a follow-up is made stand-alone before it is searched, and
+  the prompt carries the latest turns; `rewrite: false` searches it as asked); the passages
+  given come back in the extra field `sources`, each marked `cited` or not with the answer's
+  sentences that cite it (and in full in `passages`), and the query searched in
+  `ragserve.searched_query`, on the response and on the final chunk of a stream. Nothing is
+  stored: the client sends the whole history each time. A history past RAG_ASK__MAX_HISTORY_*
+  loses its oldest turns (the client cannot choose what it sends);
 - the generator's own model name (``smollm2`` for the bundled model, the remote model's name
   with a remote backend): plain chat with no retrieval. Any authenticated key may use it: it
   reads no documents, and it is refused early like every generation when the engine is full.
@@ -35,6 +39,7 @@ from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, chat, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
+from rag.answer.history import Turn
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.pools import Pools
@@ -152,6 +157,7 @@ async def _complete(
         req = AskRequest(
             question, Knobs(k=body.k), None, params, body.budget_ms, mode=body.mode,
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+            history=_latest(body.history(), services.settings), rewrite=body.rewrite,
         )  # fmt: skip
         prep = await prepare_answer(services, tenant_id, collection.id, req, pools.search.run)
     elif body.model == generator_model(services.settings):
@@ -248,6 +254,20 @@ async def _chunks(
     yield b"data: [DONE]\n\n"
 
 
+def _latest(turns: list[tuple[str, str]], settings: Settings) -> tuple[Turn, ...]:
+    """The latest turns within the history's bounds (the oldest dropped first)."""
+    ask = settings.ask
+    kept: list[Turn] = []
+    chars = 0
+    for question, answer in reversed(turns[-ask.max_history_turns :] if ask.max_history_turns
+                                     else []):  # fmt: skip
+        chars += len(question) + len(answer)
+        if chars > ask.max_history_chars:
+            break
+        kept.append(Turn(question, answer))
+    return tuple(reversed(kept))
+
+
 def _usage(final: Final) -> dict[str, Any]:
     u = final.usage
     return {
@@ -276,6 +296,8 @@ def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
             "repeated": final.repeated,
             "quotes": [opaque(prep.passages, q) for q in final.quotes],
             "timings_ms": final.timings_ms,
+            "searched_query": prep.searched_query,
+            "rewritten": prep.resolved.rewritten if prep.resolved else False,
         },
     }
 

@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
+from rag.answer import history as histories
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import WITH_BODY, errors
 from rag.api.schemas_search import IndexInfo, PassageOut, SearchIn, SearchOut
@@ -26,7 +27,8 @@ async def search(
     pools: PoolsDep,
 ) -> Response:
     """The top-k passages for a query, with the knobs actually used, per-stage timings, and
-    whether anything was degraded to stay within the latency budget. Runs on the search
+    whether anything was degraded to stay within the latency budget. With `history`, a
+    follow-up query is made stand-alone first (`searched_query`). Runs on the search
     threads: 429 with Retry-After when they are all busy and enough searches wait."""
     return await pools.search.run(
         _search, services, principal.tenant_id, collection_id, body, principal.is_admin
@@ -48,7 +50,14 @@ def _search(
     if body.filter is not None:
         ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
         filt = Filter(document_ids=ids, metadata=body.filter.metadata)
-    result = services.retriever.search(tenant_id, collection_id, body.query, knobs, filt)
+    query = body.query
+    if body.history:
+        turns = [histories.Turn(t.question, t.answer) for t in body.history]
+        ask = services.settings.ask
+        histories.check_bounds(turns, ask.max_history_turns, ask.max_history_chars)
+        rewrite = ask.rewrite if body.rewrite is None else body.rewrite
+        query = histories.resolve(query, turns, rewrite=rewrite).query
+    result = services.retriever.search(tenant_id, collection_id, query, knobs, filt)
     observe_stages("search", result.timings_ms)
     state = result.index
     out = SearchOut(
@@ -60,6 +69,7 @@ def _search(
         over_budget=result.over_budget,
         partial=result.partial,
         index=IndexInfo.of(state, admin=admin),
+        searched_query=query,
     )
     # Serialised here, once: FastAPI would validate the model again against response_model
     # and encode it in two more passes (~0.5 ms a search, for the same bytes).
