@@ -556,3 +556,49 @@ def test_untuned_collection_says_how_to_tune(console: Console, browser: Any) -> 
     msg = _wait(lambda: driver.find_element(*_by("#tune-empty")), "the message")
     _wait(lambda: msg.is_displayed(), "the message shown")
     assert f"rag tune {cid}" in msg.text
+
+
+@pytest.mark.slow
+def test_a_conversation_is_continued_shows_what_it_searched_and_is_deleted(
+    console: Console, browser: Any
+) -> None:
+    driver = browser
+    cid = _api_collection(console, "talk")
+    _open_documents(driver, console, cid)
+    _drop_files(driver, {"freedonia.txt": DOC_FREEDONIA, "river.txt": DOC_RIVER})
+    _wait_indexed(driver, 2)
+    driver.find_element(*_by("#tab-ask")).click()
+    driver.find_element(*_by("#conversation-new")).click()
+    _wait(lambda: Select(driver.find_element(*_by("#conversation-select"))).first_selected_option
+          .get_attribute("value"), "a new conversation selected")  # fmt: skip
+
+    def ask(question: str, turns: int) -> None:
+        box = driver.find_element(*_by("#ask-question"))
+        box.clear()
+        box.send_keys(question)
+        driver.find_element(*_by("#ask-submit")).click()
+        _wait(lambda: len(driver.find_elements(*_by("#conversation-turns li.turn"))) == turns,
+              f"{turns} turns listed")  # fmt: skip
+
+    ask("What is the capital of Freedonia?", 1)
+    ask("What kind of country is it?", 2)
+    searched = driver.find_element(*_by("#answer-searched"))
+    assert searched.text == "Searched: What kind of country is Freedonia?"
+    turns = driver.find_elements(*_by("#conversation-turns li.turn"))
+    assert "Searched: What kind of country is Freedonia?" in turns[1].text
+    assert "Searched" not in turns[0].text  # the first question stood alone
+    # The follow-up's prompt carried the first turn after the passage.
+    roles = [m["role"] for m in console.engine.prompts[-1]]
+    assert roles == ["system", "user", "assistant", "user"]
+    listed = httpx.get(f"{console.url}/v1/collections/{cid}/conversations",
+                       headers=console.headers).json()["conversations"]  # fmt: skip
+    assert [c["turn_count"] for c in listed] == [2]
+
+    driver.find_element(*_by("#conversation-delete")).click()
+    _wait(lambda: not driver.find_elements(*_by("#conversation-turns li")), "the turns gone")
+    assert Select(driver.find_element(*_by("#conversation-select"))).first_selected_option \
+        .get_attribute("value") == ""  # fmt: skip
+    listed = httpx.get(f"{console.url}/v1/collections/{cid}/conversations",
+                       headers=console.headers).json()["conversations"]  # fmt: skip
+    assert listed == []
+    _no_page_errors(driver)

@@ -300,7 +300,10 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
       { text: tab[0].toUpperCase() + tab.slice(1) }
     );
     if (tab === "documents") return showDocuments(id);
-    if (tab === "ask") return $("ask-question").focus();
+    if (tab === "ask") {
+      loadConversations(id);
+      return $("ask-question").focus();
+    }
     if (tab === "tune") return showTune(id);
   }
 
@@ -427,6 +430,7 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     clear($("passages"));
     clear($("timings-body"));
     $("answer-usage").textContent = "";
+    $("answer-searched").hidden = true;
     $("answer-state").textContent = "";
     $("answer-state").className = "badge";
     $("citation").hidden = true;
@@ -463,6 +467,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     if (maxTokens) body.max_tokens = maxTokens;
     const evidence = $("ask-evidence").value;
     if (evidence) body.evidence = evidence;
+    const conversation = $("conversation-select").value;
+    if (conversation) body.conversation_id = conversation;
     try {
       const r = await fetch("/v1/collections/" + encodeURIComponent(state.collection.id) + "/ask", {
         method: "POST",
@@ -496,6 +502,8 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
           renderAnswer(run);
           renderTimings(ev.data.timings_ms || ev.data.timings || {});
           renderUsage(ev.data);
+          renderSearched(question, ev.data.searched_query);
+          if (conversation) showConversation(conversation);
           stateBadge.textContent = ev.data.finish_reason || "done";
           stateBadge.className = "badge done";
         } else if (kind === "error") {
@@ -522,6 +530,84 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
       $("ask-stop").hidden = true;
     }
   }
+
+  // What the answer searched, when a follow-up was made a question of its own.
+  function renderSearched(question, searched) {
+    const p = $("answer-searched");
+    p.hidden = !searched || searched === question;
+    p.textContent = p.hidden ? "" : "Searched: " + searched;
+  }
+
+  // ------------------------------------------------------------------ conversations
+
+  function conversationsPath(cid) {
+    return "/v1/collections/" + encodeURIComponent(cid) + "/conversations";
+  }
+
+  async function loadConversations(cid, selected) {
+    const select = $("conversation-select");
+    const keep = selected !== undefined ? selected : select.value;
+    let page;
+    try {
+      page = await api("GET", conversationsPath(cid) + "?limit=50");
+    } catch (err) {
+      return banner(err.message);
+    }
+    while (select.options.length > 1) select.remove(1);
+    for (const c of page.conversations) {
+      const label = (c.first_question || "(empty)").slice(0, 60) + " · " + c.turn_count + " turns";
+      select.appendChild(el("option", { value: c.id, text: label }));
+    }
+    select.value = page.conversations.some((c) => c.id === keep) ? keep : "";
+    showConversation(select.value);
+  }
+
+  async function showConversation(id) {
+    const list = $("conversation-turns");
+    clear(list);
+    $("conversation-delete").hidden = !id;
+    if (!id || !state.collection) return;
+    let conv;
+    try {
+      conv = await api("GET", conversationsPath(state.collection.id) + "/" + encodeURIComponent(id));
+    } catch (err) {
+      return banner(err.message);
+    }
+    for (const t of conv.turns) {
+      const item = el("li", { class: "turn" }, el("p", { class: "question", text: t.question }));
+      if (t.searched_query && t.searched_query !== t.question) {
+        item.appendChild(el("p", { class: "muted searched", text: "Searched: " + t.searched_query }));
+      }
+      item.appendChild(el("p", { class: "turn-answer", text: t.answer }));
+      list.appendChild(item);
+    }
+    if (conv.erased_turns) {
+      list.appendChild(el("li", { class: "muted", text: conv.erased_turns +
+        " turns erased: a document they cited was deleted" }));
+    }
+  }
+
+  $("conversation-select").addEventListener("change", (e) => showConversation(e.target.value));
+  $("conversation-new").addEventListener("click", async () => {
+    if (!state.collection) return;
+    try {
+      const c = await api("POST", conversationsPath(state.collection.id));
+      await loadConversations(state.collection.id, c.id);
+      $("ask-question").focus();
+    } catch (err) {
+      banner(err.message);
+    }
+  });
+  $("conversation-delete").addEventListener("click", async () => {
+    const id = $("conversation-select").value;
+    if (!id || !state.collection) return;
+    try {
+      await api("DELETE", conversationsPath(state.collection.id) + "/" + encodeURIComponent(id));
+      await loadConversations(state.collection.id, "");
+    } catch (err) {
+      banner(err.message);
+    }
+  });
 
   // The answer with its [n] markers turned into citation links. Until the final event the
   // markers point at the numbered passages; after it, at the server's citations.
