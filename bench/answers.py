@@ -147,10 +147,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    data_dir: Path, port: int, settings: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`rag serve` with default settings, but those given (RAG_* variables)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update(RAG_DATA_DIR=str(data_dir), RAG_AUTH__ADMIN_KEY=ADMIN, RAG_API__PORT=str(port),
-               HF_HUB_OFFLINE="1")  # fmt: skip
+               HF_HUB_OFFLINE="1", **(settings or {}))  # fmt: skip
     log = (data_dir / "server.log").open("wb")
     return subprocess.Popen([sys.executable, "-m", "rag.cli", "serve"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -258,8 +261,13 @@ def stands(phrase: str, text: str) -> bool:
 
 
 def correct(o: Outcome) -> bool:
-    head = " ".join(first_sentences(o.answer).split())
-    return any(stands(a, head) for a in o.q.answers) and not any(stands(w, head) for w in o.q.wrong)
+    return holds(o.answer, o.q.answers, o.q.wrong)
+
+
+def holds(answer: str, answers: Sequence[str], wrong: Sequence[str]) -> bool:
+    """An accepted string stands in the answer's first two sentences, and no wrong one."""
+    head = " ".join(first_sentences(answer).split())
+    return any(stands(a, head) for a in answers) and not any(stands(w, head) for w in wrong)
 
 
 def refused(o: Outcome) -> bool:
