@@ -319,6 +319,56 @@ class ApiSettings(_Section):
         return self.max_json_body_kb * 1024
 
 
+class DriftSettings(_Section):
+    """Question drift: a recent window of question embeddings against a reference window
+    (the first `reference_size` questions of a collection, or a window an operator pins),
+    by a kernel two-sample test (MMD, RBF kernel) with a permutation threshold
+    (rag.quality.drift). Chosen by bench/drift.py; see docs/quality.md."""
+
+    reference_size: int = Field(200, ge=20, le=2000)
+    window: int = Field(200, ge=20, le=2000)
+    # A test runs after this many new questions of a collection (and at most every
+    # `interval_s`, in the quality loop of every process).
+    check_every: int = Field(50, ge=1, le=10_000)
+    permutations: int = Field(200, ge=20, le=5000)
+    # The permutation quantile a statistic must pass, in `consecutive` tests running.
+    alpha: float = Field(0.01, gt=0, lt=0.5)
+    consecutive: int = Field(2, ge=1, le=20)
+    # Content drift: chunks newly ingested into a collection, tested against a sample of
+    # the chunks it held before, once at least this many are new.
+    content_min_new: int = Field(30, ge=5, le=100_000)
+
+
+class QualitySettings(_Section):
+    """Answer records, feedback, quality signals, drift and unanswered topics
+    (rag.quality; README "Quality you can watch")."""
+
+    # Off: no answer is recorded, answers carry no id, feedback is refused (404).
+    enabled: bool = True
+    # Off: the question's text is never stored (its embedding is): drift still works, and
+    # unanswered topics show counts and nearest documents without example questions.
+    store_questions: bool = True
+    # Answers (and their feedback) older than this are erased by the purge loop.
+    retention_days: float = Field(90.0, gt=0, le=36_500)
+    # Answers waiting to be written; past it a record is dropped (counted in
+    # rag_quality_records_dropped), never the answer.
+    queue: int = Field(10_000, ge=1, le=1_000_000)
+    # The writer's batch: at most this many records, every `flush_s`.
+    batch: int = Field(256, ge=1, le=10_000)
+    flush_s: float = Field(0.2, gt=0, le=60)
+    # How often each process recomputes drift and unanswered topics of collections with new
+    # answers (from SQL: every replica computes the same).
+    interval_s: float = Field(15.0, gt=0)
+    # An answered question counts as weak evidence when its top passage scores below this
+    # (the dense cosine); refused questions always count. Both feed unanswered topics.
+    weak_score: float = Field(0.35, ge=-1, le=1)
+    # Unanswered topics: questions within this cosine distance of a cluster join it
+    # (average linkage), over at most `topics_max_questions` of the most recent.
+    topic_distance: float = Field(0.55, gt=0, lt=2)
+    topics_max_questions: int = Field(2000, ge=10, le=20_000)
+    drift: DriftSettings = DriftSettings()
+
+
 class MetricsSettings(_Section):
     # Off: no timings, no counters, and /metrics answers 404 (request ids stay on).
     enabled: bool = True
@@ -353,6 +403,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     api: ApiSettings = ApiSettings()
     metrics: MetricsSettings = MetricsSettings()
+    quality: QualitySettings = QualitySettings()
     log_level: str = "INFO"
     log_json: bool = False
 

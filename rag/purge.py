@@ -3,10 +3,17 @@
 Every process runs one (`rag serve` and `rag worker`, started by rag.services). Each round,
 every `interval_s`:
 
+<<<<<<< HEAD
 1. erase tombstoned documents from the record in batches (with the conversation turns their
    passages served), then deleted conversations and those past the retention, then deleted
    collections' rows and conversations (rag.db.purge: rows, text, full-text entries,
    vectors, the tenant's blob when unused);
+=======
+1. erase tombstoned documents from the record in batches, then deleted collections' rows
+   (rag.db.purge: rows, text, full-text entries, vectors, the tenant's blob when unused,
+   and the answers, feedback and drift windows of either), then answers past the
+   retention (quality.retention_days);
+>>>>>>> Answers recorded off their path, with feedback, erased with their data
 2. make the bytes leave the database's files (rag.db.purge.reclaim);
 3. tell this process's listeners which chunks left the record since the last round.
 
@@ -27,9 +34,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rag.background import Thread
 from rag.config import PurgeSettings
 from rag.db import Database, changelog
 from rag.db import purge as sql
+from rag.db.models import now
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +70,21 @@ class Purger:
     def __init__(
         self, db: Database, settings: PurgeSettings, retention_s: float | None = None
     ) -> None:
+<<<<<<< HEAD
         """`retention_s`: conversations untouched this long are erased (None: kept)."""
         self.db = db
         self.settings = settings
+=======
+        self.db = db
+        self.settings = settings
+        # Answers (rag.quality) older than this are erased each round.
+>>>>>>> Answers recorded off their path, with feedback, erased with their data
         self.retention_s = retention_s
         self._listeners: list[Listener] = []
         self._feed_mark: int | None = None
         # A process that starts finishes a reclaim a crash may have cut short.
         self._reclaim_due = True
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Thread("purge", self._run)
         self._round = threading.Lock()  # one round at a time (the loop, or a test's call)
 
     def subscribe(self, listener: Listener) -> None:
@@ -109,11 +123,22 @@ class Purger:
         collections = sql.purge_collections(self.db)
         for collection_id in collections:
             log.info("purged collection %s", collection_id)
+        expired = 0
+        if self.retention_s is not None:
+            expired = sql.expire_answers(self.db, now() - self.retention_s, self.settings.batch)
         reclaimed = True
+<<<<<<< HEAD
         erased = bool(documents or collections or conversations)
         if erased or self._reclaim_due:
             reclaimed = sql.reclaim(
                 self.db, full_vacuum=self.settings.postgres_vacuum == "full", convert=erased
+=======
+        if documents or collections or expired or self._reclaim_due:
+            reclaimed = sql.reclaim(
+                self.db,
+                full_vacuum=self.settings.postgres_vacuum == "full",
+                convert=bool(documents or collections or expired),
+>>>>>>> Answers recorded off their path, with feedback, erased with their data
             )
             self._reclaim_due = not reclaimed
         removed = self._publish()
@@ -149,16 +174,10 @@ class Purger:
     # ------------------------------------------------------------------ the background loop
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="purge", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.close()
 
     def _run(self) -> None:
         while True:
@@ -168,5 +187,5 @@ class Purger:
                 log.exception(
                     "purge round failed; trying again in %.0f s", self.settings.interval_s
                 )
-            if self._stop.wait(self.settings.interval_s):
+            if self._loop.stop.wait(self.settings.interval_s):
                 return

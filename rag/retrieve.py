@@ -80,6 +80,8 @@ class SearchResult:
     over_budget: bool = False
     # The collection's saved defaults as stored (search knobs and the answer's, e.g. kv_reuse).
     saved: dict[str, Any] = field(default_factory=dict)
+    # The query's embedding [dim] (unit length): what answer records keep for drift.
+    query_vector: npt.NDArray[np.float32] | None = None
 
     def knobs_used(self) -> dict[str, Any]:
         """The knobs as a response reports them, with the index kind that served them."""
@@ -238,6 +240,7 @@ class Retriever:
             partial=state.building or state.stale,
             over_budget=deadline.expired(),
             saved=saved,
+            query_vector=qvec[0],
         )
 
     # ------------------------------------------------------------------ pieces

@@ -14,6 +14,7 @@ from rag.db.migrate import upgrade
 from rag.embed import Embedder, build_embedder
 from rag.index.manager import IndexManager
 from rag.purge import Purger, Removed
+from rag.quality import Quality
 from rag.quota import AskSlots
 from rag.retrieve import Retriever
 
@@ -38,6 +39,9 @@ class Services:
     # Answers in flight per tenant (RAG_QUOTA__MAX_CONCURRENT_ASKS): the routes that answer
     # take a slot first.
     asks: AskSlots = field(default_factory=lambda: AskSlots(None))
+    # Answer records, feedback, drift (rag.quality): built with the rest, off when
+    # quality.enabled is false.
+    quality: Quality | None = None
     workers: list[Worker] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -92,6 +96,8 @@ class Services:
     def start(self) -> None:
         self.indexes.start(self.settings.index.catch_up_interval_s)
         self.start_purger()
+        if self.quality is not None:
+            self.quality.start()
         for worker in self.workers:
             self._threads.append(worker.start_thread(self.stop))
 
@@ -110,6 +116,8 @@ class Services:
             thread.join(timeout=30)
         self._threads.clear()
         self.purger.close()
+        if self.quality is not None:
+            self.quality.close()  # what is queued is written before the database goes
         loader = self._engine_loader
         if loader is not None:
             loader.join()  # a model half loaded is not left to a dying process
@@ -165,8 +173,13 @@ def build_services(
         indexes=indexes,
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
+<<<<<<< HEAD
         purger=Purger(db, settings.purge, _retention_s(settings)),
+=======
+        purger=Purger(db, settings.purge, retention_s=settings.quality.retention_days * 86400),
+>>>>>>> Answers recorded off their path, with feedback, erased with their data
         asks=AskSlots(settings.quota.max_concurrent_asks),
+        quality=Quality(db, settings.quality),
         _own_embedder=own_embedder,
     )
     if engine is not None:

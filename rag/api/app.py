@@ -22,6 +22,7 @@ from rag.api.routes import (
     keys,
     openai,
     ops,
+    quality,
     search,
 )
 from rag.config import Settings
@@ -62,8 +63,10 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         larger=[(upload[0], upload[1], upload[2] + MULTIPART_OVERHEAD)],
     )
     install_metrics(app, settings)  # outermost: times and tags everything inside
-    for module in (
+    routers = (
         ops, keys, collections, documents, jobs, search, console, ask, openai, conversations,
-    ):  # fmt: skip
+        quality,
+    )  # fmt: skip
+    for module in routers:
         app.include_router(module.router)
     return app

@@ -177,6 +177,11 @@ def opaque(passages: Sequence[Passage], item: Any) -> dict[str, Any]:
 
 
 class AskOut(BaseModel):
+    answer_id: str | None = Field(
+        None,
+        description="what POST /v1/answers/{answer_id}/feedback rates (null when answers are "
+        "not recorded: quality.enabled off)",
+    )
     answer: str
     passages: list[PassageOut] = Field(description="the passages given to the model, [1] first")
     citations: list[CitationOut]

@@ -211,3 +211,17 @@ def corpus_names(session: Session, collection_id: str) -> dict[str, set[str]]:
         else:
             out[doc_id] = {filename, PurePath(filename).stem}
     return out
+
+
+def filenames(session: Session, tenant_id: str, document_ids: list[str]) -> dict[str, str]:
+    """document id -> filename, for the tenant's live documents among `document_ids`."""
+    if not document_ids:
+        return {}
+    rows = session.execute(
+        select(Document.id, Document.filename).where(
+            Document.id.in_(document_ids),
+            Document.tenant_id == tenant_id,
+            Document.deleted_at.is_(None),
+        )
+    )
+    return {d: f for d, f in rows}

@@ -262,6 +262,7 @@ class MilvusCollection(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
 
 
+<<<<<<< HEAD
 class Conversation(Base):
     """A conversation over one collection, owned by the key that created it (its tenant's
     admin keys may list and delete it too). Its text lives in its turns; `bytes` sums them
@@ -319,3 +320,107 @@ class ConversationSource(Base):
         ForeignKey("conversation_turns.id", ondelete="CASCADE"), primary_key=True
     )
     document_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+=======
+class Answer(Base):
+    """One answer as it was given (rag.quality): what feedback, the quality series, drift
+    and unanswered topics are computed from. Erased with its collection, with any document
+    it retrieved (answer_documents), and after quality.retention_days."""
+
+    __tablename__ = "answers"
+    __table_args__ = (
+        Index("ix_answers_collection_created", "collection_id", "created_at"),
+        Index("ix_answers_created", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    collection_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    # None when quality.store_questions is off.
+    question: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # float32, little-endian, L2-normalised: the query vector retrieval used.
+    question_embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    answer: Mapped[str] = mapped_column(Text, default="")
+    # The passages given to the model (or quoted), [1] first: chunk row ids.
+    chunk_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # The knobs and sampling settings used.
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    answer_source: Mapped[str] = mapped_column(String(20))
+    finish_reason: Mapped[str] = mapped_column(String(20))
+    mode: Mapped[str] = mapped_column(String(20), default="generate")
+    # The top retrieved passage's dense score, and its gap to the second's.
+    top_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    score_gap: Mapped[float | None] = mapped_column(Float, nullable=True)
+    unsupported: Mapped[int] = mapped_column(Integer, default=0)
+    first_token_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    # Refused, or answered from a top passage below quality.weak_score.
+    weak: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class AnswerDocument(Base):
+    """The documents an answer retrieved: deleting any of them erases the answer."""
+
+    __tablename__ = "answer_documents"
+    __table_args__ = (Index("ix_answer_documents_document", "document_id"),)
+
+    answer_id: Mapped[str] = mapped_column(
+        ForeignKey("answers.id", ondelete="CASCADE"), primary_key=True
+    )
+    document_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+
+
+class Feedback(Base):
+    """A rating of an answer: one per answer and API key (a later one replaces it)."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (Index("ix_feedback_collection_created", "collection_id", "created_at"),)
+
+    answer_id: Mapped[str] = mapped_column(
+        ForeignKey("answers.id", ondelete="CASCADE"), primary_key=True
+    )
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    collection_id: Mapped[str] = mapped_column(String(32))
+    rating: Mapped[str] = mapped_column(String(4))  # up | down
+    comment: Mapped[str | None] = mapped_column(Text, nullable=True)
+    correct_answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    correct_document_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class DriftWindow(Base):
+    """The reference window of a collection's question drift: embeddings only (no text),
+    kept past the answers' retention; a row goes when its answer is erased for a deleted
+    document, and all of them with the collection."""
+
+    __tablename__ = "drift_windows"
+
+    collection_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    answer_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)
+    top_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    refused: Mapped[bool] = mapped_column(Boolean, default=False)
+    asked_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class DriftState(Base):
+    """The last drift test of a collection, by kind ("questions" or "content"): what
+    /metrics, the quality route and the console show, the same on every replica."""
+
+    __tablename__ = "drift_state"
+
+    collection_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(10), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    score: Mapped[float] = mapped_column(Float, default=0.0)  # statistic / threshold
+    statistic: Mapped[float] = mapped_column(Float, default=0.0)
+    threshold: Mapped[float] = mapped_column(Float, default=0.0)
+    alert: Mapped[bool] = mapped_column(Boolean, default=False)
+    streak: Mapped[int] = mapped_column(Integer, default=0)  # tests past the threshold running
+    # questions: answers counted at the last test; content: the last chunk id tested.
+    mark: Mapped[int] = mapped_column(BigInteger, default=0)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+>>>>>>> Answers recorded off their path, with feedback, erased with their data

@@ -3,8 +3,12 @@
 Two kinds:
 - observed in the request path: latency per route template and per stage, status counts
   (the API middleware and `observe_stages`);
+- observed as each answer completes (`observe_answer`, `observe_feedback`): quality signals
+  per collection (how answers ended, unsupported sentences, top score and gap, latency,
+  ratings);
 - read at scrape time by `ServiceCollector`: ingest queue and job outcomes from SQL, chunks
-  indexed per collection, the generator's scheduler and KV-cache figures (only once it is
+  indexed per collection, drift score and alert per collection (from SQL), answer records
+  written and dropped, the generator's scheduler and KV-cache figures (only once it is
   loaded: a scrape never builds the engine).
 
 `observe_stages(prefix, timings_ms)` is what a route calls with the `timings_ms` its result
@@ -23,9 +27,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rag.db import collections, jobs
+from rag.db import collections, drift, jobs
 
 if TYPE_CHECKING:
+    from rag.db.answers import NewAnswer
     from rag.services import Services
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,9 @@ STAGES = frozenset(
 # Seconds. Fine at the bottom: a stage such as fuse takes microseconds.
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Cosine scores of the top passage, and its gap to the next.
+SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+GAP_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 _current: ContextVar[Metrics | None] = ContextVar("rag_metrics", default=None)
 
@@ -69,6 +77,52 @@ class Metrics:
             "Time of each stage of a search or an answer",
             ["op", "stage"],
             buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        # Quality signals per collection (rag.quality), observed as each answer completes.
+        self.answers = Counter(
+            "rag_answers",
+            "Answers by how they ended (answer_source, finish_reason)",
+            ["collection", "answer_source", "finish_reason"],
+            registry=self.registry,
+        )
+        self.unsupported = Counter(
+            "rag_answer_unsupported_sentences",
+            "Sentences of answers that no given passage supports",
+            ["collection"],
+            registry=self.registry,
+        )
+        self.weak = Counter(
+            "rag_answers_weak",
+            "Answers refused or given from a top passage below quality.weak_score",
+            ["collection"],
+            registry=self.registry,
+        )
+        self.top_score = Histogram(
+            "rag_answer_top_score",
+            "The top retrieved passage's dense score",
+            ["collection"],
+            buckets=SCORE_BUCKETS,
+            registry=self.registry,
+        )
+        self.score_gap = Histogram(
+            "rag_answer_score_gap",
+            "The top passage's score minus the second's",
+            ["collection"],
+            buckets=GAP_BUCKETS,
+            registry=self.registry,
+        )
+        self.answer_seconds = Histogram(
+            "rag_answer_latency_seconds",
+            "Time to the first token and to the whole answer, per collection",
+            ["collection", "stage"],
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.feedback = Counter(
+            "rag_feedback",
+            "Ratings given to answers (a replaced rating counts again)",
+            ["collection", "rating"],
             registry=self.registry,
         )
         self.registry.register(ServiceCollector(services))
@@ -105,6 +159,21 @@ class Metrics:
                 hist = self._stage_children[key] = self.stage_seconds.labels(prefix, stage)
             hist.observe(ms / 1000.0)
 
+    def observe_answer(self, row: NewAnswer) -> None:
+        c = row.collection_id
+        self.answers.labels(c, row.answer_source, row.finish_reason).inc()
+        if row.unsupported:
+            self.unsupported.labels(c).inc(row.unsupported)
+        if row.weak:
+            self.weak.labels(c).inc()
+        if row.top_score is not None:
+            self.top_score.labels(c).observe(row.top_score)
+        if row.score_gap is not None:
+            self.score_gap.labels(c).observe(row.score_gap)
+        if row.first_token_ms is not None:
+            self.answer_seconds.labels(c, "first_token").observe(row.first_token_ms / 1000.0)
+        self.answer_seconds.labels(c, "answer").observe(row.latency_ms / 1000.0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -125,6 +194,20 @@ def observe_stages(prefix: str, timings_ms: Mapping[str, float]) -> None:
         metrics.observe_stages(prefix, timings_ms)
 
 
+def observe_answer(row: NewAnswer) -> None:
+    """Count a recorded answer's quality signals under its collection. A no-op outside a
+    request or with metrics off."""
+    metrics = _current.get()
+    if metrics is not None:
+        metrics.observe_answer(row)
+
+
+def observe_feedback(collection_id: str, rating: str) -> None:
+    metrics = _current.get()
+    if metrics is not None:
+        metrics.feedback.labels(collection_id, rating).inc()
+
+
 class ServiceCollector(Collector):
     """The figures that are cheaper to read when scraped than to keep up to date."""
 
@@ -141,12 +224,14 @@ class ServiceCollector(Collector):
         try:
             yield from _ingest_metrics(services)
             yield from _chunk_metrics(services)
+            yield from _drift_metrics(services)
         except Exception:  # a scrape must not fail because the database blinked
             log.warning("could not read ingest metrics from the database", exc_info=True)
             yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 0)
         else:
             yield GaugeMetricFamily("rag_metrics_database_up", "SQL reachable at scrape", 1)
         yield _index_metrics(services)
+        yield from _recorder_metrics(services)
         if services.engine_loaded:
             yield from _engine_metrics(services)
 
@@ -178,6 +263,49 @@ def _chunk_metrics(services: Services) -> Iterator[Metric]:
     for collection_id, n in rows.items():
         family.add_metric([collection_id], n)
     yield family
+
+
+def _drift_metrics(services: Services) -> Iterator[Metric]:
+    """Drift as the last test left it in SQL: the same on every replica."""
+    with services.db.read() as session:
+        rows = drift.states(session)
+    score = GaugeMetricFamily(
+        "rag_drift_score",
+        "Last drift statistic over its permutation threshold (past 1: past the threshold)",
+        labels=["collection", "kind"],
+    )
+    alert = GaugeMetricFamily(
+        "rag_drift_alert",
+        "1 while a collection's questions (or newest documents) have drifted",
+        labels=["collection", "kind"],
+    )
+    refusals = GaugeMetricFamily(
+        "rag_drift_refusal_rate",
+        "Share of refused questions in the reference and the recent window",
+        labels=["collection", "window"],
+    )
+    for row in rows:
+        score.add_metric([row.collection_id, row.kind], row.score)
+        alert.add_metric([row.collection_id, row.kind], 1.0 if row.alert else 0.0)
+        for window in ("reference", "recent"):
+            value = (row.details or {}).get(f"refusal_rate_{window}")
+            if row.kind == "questions" and value is not None:
+                refusals.add_metric([row.collection_id, window], value)
+    yield score
+    yield alert
+    yield refusals
+
+
+def _recorder_metrics(services: Services) -> Iterator[Metric]:
+    if services.quality is None:
+        return
+    rec = services.quality.recorder
+    yield CounterMetricFamily(
+        "rag_quality_records_dropped",
+        "Answer records lost (queue full, or a failed write); the answers were given",
+        rec.dropped,
+    )
+    yield CounterMetricFamily("rag_quality_records_written", "Answer records written", rec.written)
 
 
 def _index_metrics(services: Services) -> Metric:

@@ -18,7 +18,13 @@ from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJo
 from rag.embed import HashEmbedder
 from rag.purge import Removed
 from tests.conftest import Api
-from tests.support.leftovers import document_needles, leftover_bytes, scan, word_needles
+from tests.support.leftovers import (
+    document_needles,
+    leftover_bytes,
+    scan,
+    vector_needles,
+    word_needles,
+)
 
 # Words no other document has, that the stemmer leaves whole.
 SECRET = ["quokkazanzibarqz", "xylothermicvortqz"]
@@ -520,3 +526,121 @@ def test_a_deleted_collection_and_expired_conversations_are_erased(
     listed = api.client.get(f"/v1/collections/{other}/conversations", headers=api.a).json()
     assert [c["id"] for c in listed["conversations"]] == [fresh]
     assert _conversation_rows(api)["conversation_turns"] == 0
+
+
+# Words of a question and of a feedback comment, to look for once their answers are erased.
+NOTED = ["walrusquillqz", "pelicanfeatherqz"]
+
+
+def _quality_api(make_api: Callable[..., Api], db_url: str) -> Api:
+    from tests.ask.conftest import FakeEngine
+
+    return make_api(
+        db_url,
+        HashEmbedder(384),
+        engine=FakeEngine(),
+        sections={**MANUAL, "ask": {"relevance_threshold": -1.0, "evidence": "all"}},
+    )
+
+
+def _answer(api: Api, cid: str, question: str, doc: str | None = None) -> str:
+    body: dict[str, object] = {"question": question, "k": 2}
+    if doc is not None:
+        body["filter"] = {"document_ids": [doc]}
+    r = api.client.post(f"/v1/collections/{cid}/ask", json=body, headers=api.a)
+    assert r.status_code == 200, r.text
+    return str(r.json()["answer_id"])
+
+
+def _quality_files(api: Api) -> list[Path]:
+    """The SQLite database's files and every file of the data directory."""
+    db = Path(api.services.db.url.database or "")
+    data = [p for p in api.services.settings.data_dir.rglob("*") if p.is_file()]
+    return [db, Path(f"{db}-wal"), Path(f"{db}-shm"), *data]
+
+
+def _quality_rows(api: Api) -> dict[str, int]:
+    from rag.db.models import Answer, AnswerDocument, DriftState, DriftWindow, Feedback
+
+    with api.services.db.read() as s:
+        return {
+            m.__tablename__: int(s.scalar(select(func.count()).select_from(m)) or 0)
+            for m in (Answer, AnswerDocument, Feedback, DriftWindow, DriftState)
+        }
+
+
+def test_answers_feedback_and_drift_windows_leave_with_their_collection(
+    make_api: Callable[..., Api], db_url: str
+) -> None:
+    """Issue 34: the questions asked of a deleted collection, their answers, feedback,
+    embeddings, drift windows and state are out of SQL after the purge, and on SQLite out of
+    every file."""
+    from rag.db.models import Answer
+
+    api = _quality_api(make_api, db_url)
+    quality = api.services.quality
+    assert quality is not None
+    cid = api.collection(api.a)
+    keep = api.collection(api.a, name="kept")
+    _indexed(api, api.a, cid, KEPT)
+    _indexed(api, api.a, keep, KEPT)
+    ids = [_answer(api, cid, f"Where is the {NOTED[0]} kept, number {i}?") for i in range(3)]
+    kept_id = _answer(api, keep, "What about the harbour lantern?")
+    r = api.client.post(
+        f"/v1/answers/{ids[0]}/feedback",
+        json={"rating": "down", "comment": f"the {NOTED[1]} was wrong"},
+        headers=api.a,
+    )
+    assert r.status_code == 200, r.text
+    r = api.client.put(f"/v1/collections/{cid}/drift/reference", json={}, headers=api.a)
+    assert r.status_code == 200 and r.json()["reference"] == 3, r.text
+    quality.recorder.flush()
+    with api.services.db.read() as s:
+        vectors = [bytes(v) for v in s.scalars(select(Answer.question_embedding).where(
+            Answer.collection_id == cid))]  # fmt: skip
+    needles = word_needles(NOTED) + vector_needles(vectors)
+    if api.services.db.is_sqlite:
+        assert leftover_bytes(scan(_quality_files(api), needles)) > 0  # the search below means something
+    before = _quality_rows(api)
+    assert before["drift_windows"] == 3 and before["feedback"] == 1
+
+    assert api.client.delete(f"/v1/collections/{cid}", headers=api.a).status_code == 204
+    _purge(api)
+
+    with api.services.db.read() as s:
+        assert list(s.scalars(select(Answer.id))) == [kept_id]
+    assert _quality_rows(api) == {
+        "answers": 1, "answer_documents": 1, "feedback": 0, "drift_windows": 0, "drift_state": 0,
+    }  # fmt: skip
+    if api.services.db.is_sqlite:
+        found = scan(_quality_files(api), needles)
+        assert found == [], [(f.path.name, f.needle[:12], f.count) for f in found]
+
+
+def test_an_answer_leaves_with_any_document_it_retrieved(
+    make_api: Callable[..., Api], db_url: str
+) -> None:
+    from rag.db.models import Answer
+
+    api = _quality_api(make_api, db_url)
+    cid = api.collection(api.a)
+    doomed = _indexed(api, api.a, cid, SECRET)
+    kept = _indexed(api, api.a, cid, KEPT)
+    gone = _answer(api, cid, f"What is {NOTED[0]}?", doc=doomed)
+    stays = _answer(api, cid, "What is kept?", doc=kept)
+    r = api.client.post(f"/v1/answers/{gone}/feedback", json={"rating": "up"}, headers=api.a)
+    assert r.status_code == 200
+    assert api.services.quality is not None
+    api.services.quality.recorder.flush()
+    needles = word_needles(NOTED[:1])
+    if api.services.db.is_sqlite:
+        assert leftover_bytes(scan(_quality_files(api), needles)) > 0
+    assert api.client.delete(f"/v1/documents/{doomed}", headers=api.a).status_code == 204
+    _purge(api)
+    with api.services.db.read() as s:
+        assert list(s.scalars(select(Answer.id))) == [stays]
+    assert _quality_rows(api)["feedback"] == 0
+    if api.services.db.is_sqlite:
+        assert scan(_quality_files(api), needles) == []
+    r = api.client.post(f"/v1/answers/{gone}/feedback", json={"rating": "up"}, headers=api.a)
+    assert r.status_code == 404

@@ -2,10 +2,11 @@
 
 The stream is three kinds of events, in order: one ``passages`` (what the model was given,
 numbered from [1]), any number of ``token`` (text as it is written), and one ``final``
-(answer, citations, the sentences no passage supports, usage, timings, finish reason, the
-query searched; in extractive mode the quotes with their spans). Errors found before the
-first token (bad input, unknown collection or conversation, overload, a history past its
-bounds) are ordinary HTTP errors, never a started stream.
+(answer id, answer, citations, the sentences no passage supports, usage, timings, finish
+reason, the query searched; in extractive mode the quotes with their spans). The answer id is
+what POST /v1/answers/{id}/feedback rates (null when quality.enabled is off). Errors found
+before the first token (bad input, unknown collection or conversation, overload, a history past
+its bounds) are ordinary HTTP errors, never a started stream.
 
 With `conversation_id`, the conversation's turns are the history and the answer is added to
 it as a turn (rag.api.conversations); with `history`, the client's turns are, and nothing is
@@ -44,7 +45,7 @@ from rag.api.schemas_ask import (
 from rag.engine.sequence import SamplingParams
 from rag.errors import RagError
 from rag.knobs import Knobs
-from rag.ops.metrics import observe_stages
+from rag.ops.metrics import observe_answer, observe_stages
 from rag.quota import released_after
 from rag.retrieve import Filter
 from rag.services import Services
@@ -90,9 +91,10 @@ def ask_request(body: AskIn, history: tuple[Turn, ...] = ()) -> AskRequest:
     )
 
 
-def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
+def final_out(prep: Prepared, final: Final, answer_id: str | None = None) -> dict[str, Any]:
     search = prep.search
     return {
+        "answer_id": answer_id,
         "answer": final.answer,
         "citations": [
             CitationOut(**opaque(prep.passages, c)).model_dump() for c in final.citations
@@ -112,6 +114,18 @@ def final_out(prep: Prepared, final: Final) -> dict[str, Any]:
         "searched_query": prep.searched_query,
         "rewritten": prep.resolved.rewritten if prep.resolved else False,
     }
+
+
+def finished(
+    services: Services, answer_id: str | None, prep: Prepared, final: Final, req: AskRequest
+) -> None:
+    """An answer is complete: its record queued (off the answer's path) and its quality
+    signals counted. Never raises, never waits."""
+    if services.quality is None:
+        return
+    row = services.quality.record(answer_id, prep, final, req)
+    if row is not None:
+        observe_answer(row)
 
 
 def sse(event: str, data: object) -> bytes:
@@ -147,10 +161,12 @@ async def ask(
         prep = await prepare_answer(
             services, principal.tenant_id, collection_id, req, pools.search.run
         )
+        answer_id = services.quality.new_id(prep) if services.quality is not None else None
         if not body.stream:
             final = await collect(services, prep)
             observe_stages("ask", final.timings_ms)
-            out = final_out(prep, final)
+            finished(services, answer_id, prep, final, req)
+            out = final_out(prep, final, answer_id)
             if turn is not None:
                 await pools.db.run(conversations.record, services, turn, body.question, prep, out)
             return AskOut(passages=passages_out(prep.passages), **out)
@@ -160,7 +176,9 @@ async def ask(
         cleanup.add_task(slot.release)
         streaming = True
         return StreamingResponse(
-            released_after(slot, _events(services, prep, request, turn, body.question)),
+            released_after(
+                slot, _events(services, prep, request, req, answer_id, turn, body.question)
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             background=cleanup,
@@ -171,8 +189,8 @@ async def ask(
 
 
 async def _events(
-    services: Services, prep: Prepared, request: Request,
-    turn: conversations.Joined | None = None, question: str = "",
+    services: Services, prep: Prepared, request: Request, req: AskRequest,
+    answer_id: str | None, turn: conversations.Joined | None = None, question: str = "",
 ) -> AsyncIterator[bytes]:  # fmt: skip
     watcher = asyncio.create_task(_watch_disconnect(request, services, prep))
     stream = tokens(services, prep)
@@ -182,7 +200,8 @@ async def _events(
         async for item in stream:
             if isinstance(item, Final):
                 observe_stages("ask", item.timings_ms)
-                out = final_out(prep, item)
+                finished(services, answer_id, prep, item, req)
+                out = final_out(prep, item, answer_id)
                 if turn is not None:
                     try:
                         await asyncio.to_thread(

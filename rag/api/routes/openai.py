@@ -43,6 +43,7 @@ from rag.answer.history import Turn
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.pools import Pools
+from rag.api.routes.ask import finished
 from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, opaque, passages_out
 from rag.config import Settings
 from rag.db import collections
@@ -150,6 +151,8 @@ async def _complete(
 ) -> Any:
     """The answer, holding the tenant's slot: released here, or by the stream when it ends."""
     collection = await pools.db.run(_find_collection, services, tenant_id, body.model)
+    req: AskRequest | None = None  # plain chat: no documents, no record
+    answer_id: str | None = None
     if collection is not None:
         question = body.question()
         if question is None:  # the schema already says so
@@ -160,6 +163,7 @@ async def _complete(
             history=_latest(body.history(), services.settings), rewrite=body.rewrite,
         )  # fmt: skip
         prep = await prepare_answer(services, tenant_id, collection.id, req, pools.search.run)
+        answer_id = services.quality.new_id(prep) if services.quality is not None else None
     elif body.model == generator_model(services.settings):
         messages = [(m.role, m.text()) for m in body.messages]
         params = replace(
@@ -177,6 +181,8 @@ async def _complete(
         final = await collect(services, prep)
         slot.release()
         observe_stages("chat", final.timings_ms)
+        if req is not None:
+            finished(services, answer_id, prep, final, req)
         if final.finish_reason == "error":  # OpenAI's finish reasons have no word for it
             raise GenerationFailed("the generator failed while answering; try again")
         return {
@@ -194,14 +200,17 @@ async def _complete(
                 }
             ],
             "usage": _usage(final),
-            **_extras(prep, final),
+            **_extras(prep, final, answer_id),
         }
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     cleanup = BackgroundTasks()
     cleanup.add_task(cancel, services, prep)
     cleanup.add_task(slot.release)
     return StreamingResponse(
-        released_after(slot, _chunks(services, prep, cid, created, body.model, include_usage)),
+        released_after(
+            slot,
+            _chunks(services, prep, cid, created, body.model, include_usage, req, answer_id),
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         background=cleanup,
@@ -209,7 +218,14 @@ async def _complete(
 
 
 async def _chunks(
-    services: Services, prep: Prepared, cid: str, created: int, model: str, include_usage: bool
+    services: Services,
+    prep: Prepared,
+    cid: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    req: AskRequest | None,
+    answer_id: str | None,
 ) -> AsyncIterator[bytes]:
     def chunk(
         delta: dict[str, Any], reason: str | None = None, own: str | None = None, **extra: Any
@@ -235,6 +251,8 @@ async def _chunks(
                 yield chunk({"content": item})
                 continue
             observe_stages("chat", item.timings_ms)
+            if req is not None:
+                finished(services, answer_id, prep, item, req)
             if item.finish_reason == "error":
                 # A failure is an error event, never a normal finish.
                 failure = {"error": {"code": "generation_failed", "message": "the generator "
@@ -242,7 +260,8 @@ async def _chunks(
                 yield f"data: {json.dumps(failure)}\n\n".encode()
                 continue
             reason = _REASONS.get(item.finish_reason, "stop")
-            yield chunk({}, reason, item.finish_reason, **_extras(prep, item), usage=_usage(item))
+            extras = _extras(prep, item, answer_id)
+            yield chunk({}, reason, item.finish_reason, **extras, usage=_usage(item))
             if include_usage:
                 usage_only = {
                     "id": cid, "object": "chat.completion.chunk", "created": created,
@@ -283,11 +302,12 @@ def _usage(final: Final) -> dict[str, Any]:
     }
 
 
-def _extras(prep: Prepared, final: Final) -> dict[str, Any]:
+def _extras(prep: Prepared, final: Final, answer_id: str | None = None) -> dict[str, Any]:
     return {
         "sources": sources(prep, final),
         "passages": [p.model_dump() for p in passages_out(prep.passages)],
         "ragserve": {
+            "answer_id": answer_id,
             "finish_reason": final.finish_reason,
             "answer_source": final.answer_source,
             "mode": prep.mode,
