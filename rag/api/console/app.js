@@ -4,7 +4,7 @@
 // messages) is ever parsed as HTML. Everything is written with textContent or
 // createTextNode; the page's Content-Security-Policy forbids inline script and remote images
 // as a second line of defence.
-import { drawChart } from "./chart.js";
+import { drawChart, drawSeries } from "./chart.js";
 import { append, clear, el } from "./dom.js";
 import { kindOf, sseEvents, tokenText } from "./sse.js";
 
@@ -288,7 +288,7 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
       c.index_kind + " index · " + c.embedding_model + " (" + c.embedding_dim + "d) · " +
       c.chunk_tokens + "-token chunks · id " + c.id;
     const base = "#/c/" + encodeURIComponent(id) + "/";
-    for (const name of ["documents", "ask", "tune"]) {
+    for (const name of ["documents", "ask", "tune", "quality"]) {
       const a = $("tab-" + name);
       a.href = base + name;
       a.classList.toggle("active", name === tab);
@@ -305,6 +305,7 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
       return $("ask-question").focus();
     }
     if (tab === "tune") return showTune(id);
+    if (tab === "quality") return showQuality(id);
   }
 
   // ------------------------------------------------------------------ documents
@@ -434,6 +435,31 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
     $("answer-state").textContent = "";
     $("answer-state").className = "badge";
     $("citation").hidden = true;
+    $("feedback").hidden = true;
+    $("feedback").dataset.answerId = "";
+    $("feedback-comment").value = "";
+    $("feedback-status").textContent = "";
+    for (const b of $("feedback").querySelectorAll("button")) b.classList.remove("chosen");
+  }
+
+  // Buttons under each answer: a rating (and an optional comment) for its answer id; a
+  // second click replaces the first.
+  for (const button of [$("feedback-up"), $("feedback-down")]) {
+    button.addEventListener("click", async () => {
+      const id = $("feedback").dataset.answerId;
+      if (!id) return;
+      const body = { rating: button.dataset.rating };
+      const comment = $("feedback-comment").value.trim();
+      if (comment) body.comment = comment;
+      try {
+        await api("POST", "/v1/answers/" + encodeURIComponent(id) + "/feedback", body);
+      } catch (err) {
+        $("feedback-status").textContent = err.message;
+        return;
+      }
+      for (const b of $("feedback").querySelectorAll("button")) b.classList.toggle("chosen", b === button);
+      $("feedback-status").textContent = "Thanks: recorded.";
+    });
   }
 
   $("ask-form").addEventListener("submit", (event) => {
@@ -504,6 +530,10 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
           renderUsage(ev.data);
           renderSearched(question, ev.data.searched_query);
           if (conversation) showConversation(conversation);
+          if (ev.data.answer_id) {
+            $("feedback").dataset.answerId = ev.data.answer_id;
+            $("feedback").hidden = false;
+          }
           stateBadge.textContent = ev.data.finish_reason || "done";
           stateBadge.className = "badge done";
         } else if (kind === "error") {
@@ -869,6 +899,92 @@ import { kindOf, sseEvents, tokenText } from "./sse.js";
       await showTune(t.collection_id);
       $("tune-status").textContent = "Searches now use " + p.knob + "=" + p.value + " by default.";
     };
+  }
+
+  // ------------------------------------------------------------------ quality
+
+  $("quality-hours").addEventListener("change", () => state.collection && showQuality(state.collection.id));
+
+  async function showQuality(cid) {
+    const hours = Number($("quality-hours").value);
+    const path = "/v1/collections/" + encodeURIComponent(cid);
+    let q, t;
+    try {
+      [q, t] = await Promise.all([
+        api("GET", path + "/quality?hours=" + hours + "&buckets=24"),
+        api("GET", path + "/unanswered?days=" + Math.max(hours / 24, 1 / 24)),
+      ]);
+    } catch (err) {
+      return banner(err.message);
+    }
+    renderQuality(q);
+    renderTopics(t);
+  }
+
+  function renderQuality(q) {
+    const tot = q.totals;
+    $("quality-totals").textContent =
+      tot.answers + " answers · " + tot.refused + " refused · " + tot.weak + " weak evidence · " +
+      tot.feedback_up + " up, " + tot.feedback_down + " down";
+    const drift = $("quality-drift");
+    clear(drift);
+    const kinds = { questions: "Questions", content: "New documents" };
+    for (const kind of ["questions", "content"]) {
+      const d = q.drift.find((x) => x.kind === kind);
+      const text = d
+        ? kinds[kind] + (d.alert ? ": drifted" : ": steady") + " (score " + d.score.toFixed(2) + ")"
+        : kinds[kind] + ": not tested yet";
+      drift.appendChild(el("span", {
+        class: "badge " + (d && d.alert ? "error" : d ? "done" : ""), "data-kind": kind,
+        "data-alert": d ? String(d.alert) : "", text,
+        title: d ? "statistic " + d.statistic.toExponential(2) + " / threshold " +
+          d.threshold.toExponential(2) + (d.pinned ? " · reference pinned" : "") : "",
+      }));
+    }
+    const hours = Number($("quality-hours").value);
+    const labels = q.buckets.map((b) => {
+      const d = new Date(b.start);
+      return hours <= 24 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+        : d.toLocaleDateString([], { month: "short", day: "numeric" });
+    });
+    const pick = (f) => q.buckets.map(f);
+    drawSeries($("chart-sources"), labels, [
+      { name: "generated", values: pick((b) => b.answer_source.generated || 0) },
+      { name: "quoted", values: pick((b) => b.answer_source.quoted || 0) },
+      { name: "refused", values: pick((b) => b.answer_source.refused || 0) },
+      { name: "cut short", values: pick((b) => (b.finish_reason.deadline || 0) + (b.finish_reason.error || 0) + (b.finish_reason.length || 0)) },
+    ], "answers");
+    drawSeries($("chart-scores"), labels, [
+      { name: "top score", values: pick((b) => b.top_score) },
+      { name: "gap to next", values: pick((b) => b.score_gap) },
+    ], "cosine");
+    drawSeries($("chart-latency"), labels, [
+      { name: "first token", values: pick((b) => b.first_token_ms) },
+      { name: "answer", values: pick((b) => b.latency_ms) },
+    ], "ms");
+    drawSeries($("chart-feedback"), labels, [
+      { name: "up", values: pick((b) => b.feedback_up) },
+      { name: "unsupported", values: pick((b) => b.unsupported) },
+      { name: "down", values: pick((b) => b.feedback_down) },
+    ], "count");
+  }
+
+  function renderTopics(t) {
+    const list = $("topics");
+    clear(list);
+    $("topics-empty").hidden = t.topics.length > 0;
+    for (const topic of t.topics) {
+      const docs = topic.documents.map((d) => d.filename).join(", ");
+      const li = el("li", { "data-count": topic.count },
+        el("strong", { text: topic.count + " questions" }),
+        " (" + topic.refused + " refused)" + (docs ? " · nearest documents: " + docs : ""));
+      if (topic.examples.length) {
+        const ul = el("ul", { class: "examples" });
+        for (const ex of topic.examples) ul.appendChild(el("li", { text: ex }));
+        li.appendChild(ul);
+      }
+      list.appendChild(li);
+    }
   }
 
   // ------------------------------------------------------------------ start

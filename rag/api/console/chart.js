@@ -92,3 +92,52 @@ export function drawChart(box, t, current, selected, onPick) {
   });
   box.appendChild(s);
 }
+
+// Scores below 1 need two decimals (0.05 is not 0.1).
+function fine(v) {
+  return Math.abs(v) < 1 && !Number.isInteger(v) ? v.toFixed(2) : fmt(v);
+}
+
+// Time series as lines over a shared time axis: `series` is [{name, values}], values may be
+// null (no answers in that bucket: the line breaks there).
+export function drawSeries(box, labels, series, yLabel) {
+  clear(box);
+  const W = 640, H = 260, L = 58, R = 18, T = 30, B = 40;
+  const all = series.flatMap((s) => s.values).filter((v) => v !== null && v !== undefined);
+  const y1 = niceCeil(Math.max(...all, 0.001) * 1.05);
+  const n = Math.max(labels.length, 2);
+  const sx = (i) => L + (i / (n - 1)) * (W - L - R);
+  const sy = (v) => T + (1 - v / y1) * (H - T - B);
+  const s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": yLabel });
+  for (const yv of ticks(0, y1)) {
+    s.appendChild(svg("line", { class: "grid-line", x1: L, x2: W - R, y1: sy(yv), y2: sy(yv) }));
+    s.appendChild(svg("text", { x: L - 6, y: sy(yv) + 4, "text-anchor": "end" }, fine(yv)));
+  }
+  s.appendChild(svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+  s.appendChild(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+  const every = Math.max(1, Math.ceil(labels.length / 6));
+  labels.forEach((label, i) => {
+    if (i % every === 0) s.appendChild(svg("text", { x: sx(i), y: H - B + 16, "text-anchor": "middle" }, label));
+  });
+  s.appendChild(svg("text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle",
+    transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" }, yLabel));
+  series.forEach((line, k) => {
+    let d = "";
+    let pen = false;
+    line.values.forEach((v, i) => {
+      if (v === null || v === undefined) { pen = false; return; }
+      d += (pen ? "L" : "M") + sx(i).toFixed(1) + " " + sy(v).toFixed(1) + " ";
+      pen = true;
+      const dot = svg("circle", { class: "s" + k, cx: sx(i), cy: sy(v), r: 2.5, "data-series": line.name });
+      dot.appendChild(svg("title", {}, line.name + ": " + fine(v) + " (" + labels[i] + ")"));
+      s.appendChild(dot);
+    });
+    if (d) s.appendChild(svg("path", { class: "series s" + k, d, "data-series": line.name }));
+    const lx = L + 8 + k * 130;
+    const g = svg("g", { class: "legend" });
+    g.appendChild(svg("rect", { class: "s" + k, x: lx, y: 8, width: 12, height: 4 }));
+    g.appendChild(svg("text", { x: lx + 16, y: 14 }, line.name));
+    s.appendChild(g);
+  });
+  box.appendChild(s);
+}
