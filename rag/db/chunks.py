@@ -336,3 +336,15 @@ def passages_of(session: Session, tenant_id: str, collection_id: str, limit: int
         .limit(limit)
     )
     return list(session.execute(stmt))
+
+
+def documents_of_chunks(session: Session, chunk_ids: Sequence[int]) -> dict[int, str]:
+    """chunk id -> its document, for the chunks among `chunk_ids` still in the record."""
+    out: dict[int, str] = {}
+    ids = list(chunk_ids)
+    for start in range(0, len(ids), 500):
+        rows = session.execute(
+            select(Chunk.id, Chunk.document_id).where(Chunk.id.in_(ids[start : start + 500]))
+        )
+        out.update({int(c): str(d) for c, d in rows})
+    return out

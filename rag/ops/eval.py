@@ -106,6 +106,8 @@ class Report:
     answers: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
     hybrid: HybridChoice | None = None
+    # The answers again at candidate knobs (`evaluate(candidate=...)`), to compare.
+    candidate_answers: dict[str, float] | None = None
 
     def table(self) -> str:
         names = [f"recall@{self.k}", "mrr@10", "ndcg@10"]
@@ -118,9 +120,16 @@ class Report:
             lines.append(f"{setting:<12}" + "".join(f"{values[n]:>12.4f}" for n in names))
         if self.answers:
             lines.append("")
+            both = self.candidate_answers is not None
+            if both:
+                lines.append(f"{'answers':<24}{'collection':>10}{'candidate':>12}")
             for name, value in self.answers.items():
                 counted = name in ("answered", "answers_with_citations")
-                lines.append(f"{name:<24}{int(value) if counted else f'{value:.4f}':>10}")
+                row = f"{name:<24}{int(value) if counted else f'{value:.4f}':>10}"
+                if self.candidate_answers is not None:
+                    other = self.candidate_answers.get(name, 0.0)
+                    row += f"{int(other) if counted else f'{other:.4f}':>12}"
+                lines.append(row)
         if self.hybrid is not None:
             lines += ["", self.hybrid.table()]
         lines.extend(f"note: {n}" for n in self.notes)
@@ -135,6 +144,7 @@ class Report:
             "answers": self.answers,
             "notes": self.notes,
             "hybrid": self.hybrid.as_dict() if self.hybrid is not None else None,
+            "candidate_answers": self.candidate_answers,
         }
 
 
@@ -292,7 +302,10 @@ def evaluate(
     answers: dict[str, str] | None = None,
     answer_fn: AnswerFn | None = None,
     progress: Progress = lambda items: items,
+    candidate: Knobs | None = None,
 ) -> Report:
+    """`candidate`: search knobs to measure beside the collection's own (a change of
+    settings, checked before it is applied): a "candidate" row, and answers at it."""
     judged = [qid for qid in queries if qid in qrels]
     notes = []
     if len(judged) < len(queries):
@@ -302,6 +315,8 @@ def evaluate(
     names = corpus_ids(services, collection.id)
     fetch = max(k, 10)
     settings = {"collection": Knobs(k=fetch), "exact": Knobs(k=fetch, exact=True)}
+    if candidate is not None:
+        settings["candidate"] = candidate.with_(k=fetch)
     sums = {s: {f"recall@{k}": 0.0, "mrr@10": 0.0, "ndcg@10": 0.0} for s in settings}
     for qid in progress(judged):
         relevant = qrels[qid]
@@ -320,6 +335,11 @@ def evaluate(
         report.answers = _answer_metrics(
             services, collection, queries, qrels, answers, names, fn, progress
         )
+        if candidate is not None:
+            other = default_answer_fn(candidate) if answer_fn is None else answer_fn
+            report.candidate_answers = _answer_metrics(
+                services, collection, queries, qrels, answers, names, other, progress
+            )
     return report
 
 
@@ -402,13 +422,14 @@ def _answer_metrics(
     }
 
 
-def default_answer_fn() -> AnswerFn:
-    """The service's ask path (the code behind POST .../ask) at the collection's knobs and
-    the default sampling settings."""
+def default_answer_fn(knobs: Knobs | None = None) -> AnswerFn:
+    """The service's ask path (the code behind POST .../ask) at the collection's knobs (or
+    `knobs` over them) and the default sampling settings."""
     loop = asyncio.new_event_loop()  # one loop for the whole run: the engine keeps state
 
     async def one(services: Services, tenant_id: str, collection_id: str, question: str) -> Final:
-        prep = await ask.prepare(services, tenant_id, collection_id, AskRequest(question))
+        req = AskRequest(question, knobs=knobs or Knobs())
+        prep = await ask.prepare(services, tenant_id, collection_id, req)
         return await collect(services, prep)
 
     def run(services: Services, tenant_id: str, collection_id: str, question: str) -> Answer:
