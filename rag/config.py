@@ -362,9 +362,11 @@ class QualitySettings(_Section):
     # An answered question counts as weak evidence when its top passage scores below this
     # (the dense cosine); refused questions always count. Both feed unanswered topics.
     weak_score: float = Field(0.35, ge=-1, le=1)
-    # Unanswered topics: questions within this cosine distance of a cluster join it
-    # (average linkage), over at most `topics_max_questions` of the most recent.
-    topic_distance: float = Field(0.55, gt=0, lt=2)
+    # Unanswered topics: clusters closer than this mean cosine distance merge (average
+    # linkage), over at most `topics_max_questions` of the most recent. Chosen by
+    # bench/drift.py (bench/README.md): a broad uncovered subject split into pieces at
+    # tighter cuts.
+    topic_distance: float = Field(0.95, gt=0, lt=2)
     topics_max_questions: int = Field(2000, ge=10, le=20_000)
     drift: DriftSettings = DriftSettings()
 
