@@ -221,7 +221,7 @@ def main() -> None:
     weak = np.flatnonzero(top < settings.weak_score)
     rows = [Asked(f"q{i}", float(i), asked[i].astype("<f4").tobytes(), float(top[i]), True)
             for i in weak]  # fmt: skip
-    found = topics(rows, {}, distance=settings.topic_distance)
+    found = topics(rows, {}, distance=settings.topic_distance, weak_score=settings.weak_score)
     members = {int(m[1:]) for m in found[0].members} if found else set()
     target = set(range(2000, 2060))
     recall = len(members & target) / 60

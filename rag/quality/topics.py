@@ -1,5 +1,6 @@
 """Unanswered topics: the questions a collection refused, or answered from weak evidence,
-clustered by meaning, biggest first, so an owner sees which documents are missing.
+clustered by meaning, the most missing evidence first, so an owner sees which documents are
+missing.
 
 Agglomerative clustering (scikit-learn) of the questions' embeddings with average linkage
 under cosine distance, cut at `quality.topic_distance`: the number of topics is not fixed in
@@ -32,6 +33,7 @@ class Topic:
     first_at: float
     last_at: float
     members: list[str] = field(default_factory=list)  # answer ids
+    mean_top_score: float | None = None  # of its questions' best passages
 
 
 def labels(embeddings: F32, distance: float) -> npt.NDArray[np.int64]:
@@ -49,9 +51,14 @@ def topics(
     documents: dict[str, list[str]],
     *,
     distance: float,
+    weak_score: float = 0.35,
     min_count: int = 2,
 ) -> list[Topic]:
-    """Topics of at least `min_count` questions, biggest first."""
+    """Topics of at least `min_count` questions, the most missing evidence first: a topic
+    weighs its count times how far its questions' best passages fall below `weak_score`
+    (a question with no passage at all counts as scoring 0). Size alone put a cluster of
+    questions that just missed the cut (the documents nearly answer them) above a subject
+    nothing covers."""
     if not asked:
         return []
     x = np.vstack([np.frombuffer(a.embedding, dtype="<f4") for a in asked]).astype(np.float32)
@@ -74,7 +81,12 @@ def topics(
                 first_at=min(a.created_at for a in members),
                 last_at=max(a.created_at for a in members),
                 members=[a.id for a in members],
+                mean_top_score=float(np.mean([a.top_score or 0.0 for a in members])),
             )
         )
-    out.sort(key=lambda t: (-t.count, -t.last_at))
+
+    def missing(t: Topic) -> float:
+        return t.count * max(weak_score - (t.mean_top_score or 0.0), 0.01)
+
+    out.sort(key=lambda t: (-missing(t), -t.count, -t.last_at))
     return out

@@ -216,7 +216,8 @@ async def unanswered(
     limit: Annotated[int, Query(ge=1, le=100, description="topics shown")] = 10,
 ) -> TopicsOut:
     """Questions the collection refused or answered from weak evidence, clustered by
-    meaning, biggest topic first, with example questions and the documents they reached."""
+    meaning, the most missing evidence first (count times how far the best passages fall
+    below quality.weak_score), with example questions and the documents they reached."""
     _quality(services)
     return await pools.search.run(
         _topics, services, principal.tenant_id, collection_id, days, limit
@@ -232,7 +233,7 @@ def _topics(
         collections.get(session, tenant_id, collection_id)
         asked = sql.weak(session, collection_id, since, cfg.topics_max_questions)
         docs = sql.documents_of(session, [a.id for a in asked])
-    found = topics(asked, docs, distance=cfg.topic_distance)[:limit]
+    found = topics(asked, docs, distance=cfg.topic_distance, weak_score=cfg.weak_score)[:limit]
     wanted = sorted({d for t in found for d in t.documents})
     with services.db.read() as session:
         names = documents.filenames(session, tenant_id, wanted)
