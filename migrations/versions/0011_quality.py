@@ -1,4 +1,4 @@
-"""answers, feedback and drift: quality you can watch (issue 34)
+"""answers, feedback and drift: quality you can watch
 
 Answers as they were given (question, answer, passages, settings, how they ended), the
 documents each retrieved (so deleting one erases them), feedback per answer and key, and the
