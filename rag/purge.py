@@ -3,17 +3,11 @@
 Every process runs one (`rag serve` and `rag worker`, started by rag.services). Each round,
 every `interval_s`:
 
-<<<<<<< HEAD
 1. erase tombstoned documents from the record in batches (with the conversation turns their
    passages served), then deleted conversations and those past the retention, then deleted
    collections' rows and conversations (rag.db.purge: rows, text, full-text entries,
-   vectors, the tenant's blob when unused);
-=======
-1. erase tombstoned documents from the record in batches, then deleted collections' rows
-   (rag.db.purge: rows, text, full-text entries, vectors, the tenant's blob when unused,
-   and the answers, feedback and drift windows of either), then answers past the
-   retention (quality.retention_days);
->>>>>>> Answers recorded off their path, with feedback, erased with their data
+   vectors, the tenant's blob when unused, and the answers, feedback and drift windows of
+   either), then answers past their retention (quality.retention_days);
 2. make the bytes leave the database's files (rag.db.purge.reclaim);
 3. tell this process's listeners which chunks left the record since the last round.
 
@@ -68,18 +62,18 @@ class Round:
 
 class Purger:
     def __init__(
-        self, db: Database, settings: PurgeSettings, retention_s: float | None = None
+        self,
+        db: Database,
+        settings: PurgeSettings,
+        retention_s: float | None = None,
+        answers_retention_s: float | None = None,
     ) -> None:
-<<<<<<< HEAD
-        """`retention_s`: conversations untouched this long are erased (None: kept)."""
+        """`retention_s`: conversations untouched this long are erased (None: kept);
+        `answers_retention_s`: answers (rag.quality) older than this are (None: kept)."""
         self.db = db
         self.settings = settings
-=======
-        self.db = db
-        self.settings = settings
-        # Answers (rag.quality) older than this are erased each round.
->>>>>>> Answers recorded off their path, with feedback, erased with their data
         self.retention_s = retention_s
+        self.answers_retention_s = answers_retention_s
         self._listeners: list[Listener] = []
         self._feed_mark: int | None = None
         # A process that starts finishes a reclaim a crash may have cut short.
@@ -124,21 +118,15 @@ class Purger:
         for collection_id in collections:
             log.info("purged collection %s", collection_id)
         expired = 0
-        if self.retention_s is not None:
-            expired = sql.expire_answers(self.db, now() - self.retention_s, self.settings.batch)
+        if self.answers_retention_s is not None:
+            expired = sql.expire_answers(
+                self.db, now() - self.answers_retention_s, self.settings.batch
+            )
         reclaimed = True
-<<<<<<< HEAD
-        erased = bool(documents or collections or conversations)
+        erased = bool(documents or collections or conversations or expired)
         if erased or self._reclaim_due:
             reclaimed = sql.reclaim(
                 self.db, full_vacuum=self.settings.postgres_vacuum == "full", convert=erased
-=======
-        if documents or collections or expired or self._reclaim_due:
-            reclaimed = sql.reclaim(
-                self.db,
-                full_vacuum=self.settings.postgres_vacuum == "full",
-                convert=bool(documents or collections or expired),
->>>>>>> Answers recorded off their path, with feedback, erased with their data
             )
             self._reclaim_due = not reclaimed
         removed = self._publish()

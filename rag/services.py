@@ -173,11 +173,12 @@ def build_services(
         indexes=indexes,
         retriever=retriever,
         key_cache=KeyCache(settings.auth.key_cache_s),
-<<<<<<< HEAD
-        purger=Purger(db, settings.purge, _retention_s(settings)),
-=======
-        purger=Purger(db, settings.purge, retention_s=settings.quality.retention_days * 86400),
->>>>>>> Answers recorded off their path, with feedback, erased with their data
+        purger=Purger(
+            db,
+            settings.purge,
+            _retention_s(settings),
+            answers_retention_s=settings.quality.retention_days * 86400,
+        ),  # fmt: skip
         asks=AskSlots(settings.quota.max_concurrent_asks),
         quality=Quality(db, settings.quality),
         _own_embedder=own_embedder,

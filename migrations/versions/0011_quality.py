@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("id", sa.String(40), primary_key=True),
         sa.Column("tenant_id", sa.String(32), nullable=False),
         sa.Column("collection_id", sa.String(32), nullable=False),
+        sa.Column("conversation_id", sa.String(32), nullable=True),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("question", sa.Text(), nullable=True),
         sa.Column("question_embedding", sa.LargeBinary(), nullable=True),
@@ -43,6 +44,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_answers_collection_created", "answers", ["collection_id", "created_at"])
     op.create_index("ix_answers_created", "answers", ["created_at"])
+    op.create_index("ix_answers_conversation", "answers", ["conversation_id"])
     op.create_table(
         "answer_documents",
         sa.Column(
@@ -105,6 +107,7 @@ def downgrade() -> None:
     op.drop_table("feedback")
     op.drop_index("ix_answer_documents_document", table_name="answer_documents")
     op.drop_table("answer_documents")
+    op.drop_index("ix_answers_conversation", table_name="answers")
     op.drop_index("ix_answers_created", table_name="answers")
     op.drop_index("ix_answers_collection_created", table_name="answers")
     op.drop_table("answers")

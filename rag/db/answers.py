@@ -2,7 +2,8 @@
 
 An answer is visible to its tenant only, and only within the retention (an expired answer is
 a 404 until the purge erases it). It is erased with its collection, with any document it
-retrieved, and after `quality.retention_days` (rag.db.purge calls `erase_*` and `expire`).
+retrieved, with the stored conversation it was a turn of, and after
+`quality.retention_days` (rag.db.purge calls `erase_*` and `expire`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rag.db.models import (
     Answer,
     AnswerDocument,
     Collection,
+    Conversation,
     Document,
     DriftState,
     DriftWindow,
@@ -49,6 +51,7 @@ class NewAnswer:
     first_token_ms: float | None
     latency_ms: float
     weak: bool
+    conversation_id: str | None = None  # the stored conversation it is a turn of
 
 
 def insert(session: Session, records: Sequence[NewAnswer]) -> int:
@@ -75,8 +78,21 @@ def insert(session: Session, records: Sequence[NewAnswer]) -> int:
                 .with_for_update(read=True)
             )
         )
+    # And the conversation each was a turn of: one deleted first takes the answer with it.
+    conv_ids = sorted({r.conversation_id for r in records if r.conversation_id is not None})
+    live_convs = set(
+        session.scalars(
+            select(Conversation.id)
+            .where(Conversation.id.in_(conv_ids), Conversation.deleted_at.is_(None))
+            .with_for_update(read=True, key_share=True)
+        )
+    ) if conv_ids else set()  # fmt: skip
     records = [
-        r for r in records if r.collection_id in live and live_docs.issuperset(r.document_ids)
+        r
+        for r in records
+        if r.collection_id in live
+        and live_docs.issuperset(r.document_ids)
+        and (r.conversation_id is None or r.conversation_id in live_convs)
     ]
     if not records:
         return 0
@@ -87,6 +103,7 @@ def insert(session: Session, records: Sequence[NewAnswer]) -> int:
                 "id": r.id,
                 "tenant_id": r.tenant_id,
                 "collection_id": r.collection_id,
+                "conversation_id": r.conversation_id,
                 "created_at": r.created_at,
                 "question": r.question,
                 "question_embedding": r.question_embedding,
@@ -345,6 +362,16 @@ def erase_for_documents(session: Session, document_ids: Sequence[str]) -> int:
             .where(AnswerDocument.document_id.in_(list(document_ids)))
             .distinct()
         )
+    )
+    return erase_answers(session, ids)
+
+
+def erase_for_conversations(session: Session, conversation_ids: Sequence[str]) -> int:
+    """Erase every answer given as a turn of these conversations."""
+    if not conversation_ids:
+        return 0
+    ids = list(
+        session.scalars(select(Answer.id).where(Answer.conversation_id.in_(list(conversation_ids))))
     )
     return erase_answers(session, ids)
 

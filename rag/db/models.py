@@ -262,7 +262,6 @@ class MilvusCollection(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
 
 
-<<<<<<< HEAD
 class Conversation(Base):
     """A conversation over one collection, owned by the key that created it (its tenant's
     admin keys may list and delete it too). Its text lives in its turns; `bytes` sums them
@@ -320,21 +319,26 @@ class ConversationSource(Base):
         ForeignKey("conversation_turns.id", ondelete="CASCADE"), primary_key=True
     )
     document_id: Mapped[str] = mapped_column(String(32), primary_key=True)
-=======
+
+
 class Answer(Base):
     """One answer as it was given (rag.quality): what feedback, the quality series, drift
     and unanswered topics are computed from. Erased with its collection, with any document
-    it retrieved (answer_documents), and after quality.retention_days."""
+    it retrieved (answer_documents), with the conversation it was a turn of, and after
+    quality.retention_days."""
 
     __tablename__ = "answers"
     __table_args__ = (
         Index("ix_answers_collection_created", "collection_id", "created_at"),
         Index("ix_answers_created", "created_at"),
+        Index("ix_answers_conversation", "conversation_id"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(32))
     collection_id: Mapped[str] = mapped_column(String(32))
+    # The stored conversation the answer was a turn of (None: none).
+    conversation_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     # None when quality.store_questions is off.
     question: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -423,4 +427,3 @@ class DriftState(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
->>>>>>> Answers recorded off their path, with feedback, erased with their data

@@ -4,16 +4,12 @@ A delete only tombstones (searches and answers stop seeing the document at once)
 a background loop in every process (rag.purge), then erases in batches: the document's chunks
 (and with them their full-text entries: a trigger on SQLite, the expression index on
 PostgreSQL), its extracted text, metadata and job, its tenant's copy of the blob once no
-<<<<<<< HEAD
 document of that tenant uses it, the conversation turns whose passages came from it (their
 question and answer text; the rest of each conversation stays), and a deleted collection's
 row once it has no documents, with its conversations. Deleted conversations, and with a
-retention those left untouched longer, are erased the same way.
-=======
-document of that tenant uses it, and a deleted collection's row once it has no documents;
-with them, the recorded answers that retrieved the document or belong to the collection, their
-feedback, and the collection's drift windows and state (rag.db.answers).
->>>>>>> Answers recorded off their path, with feedback, erased with their data
+retention those left untouched longer, are erased the same way. With them go the recorded
+answers that retrieved the document or belong to the collection, their feedback, and the
+collection's drift windows and state (rag.db.answers).
 
 The change log keeps one "remove" entry per purged chunk (written here for a deleted
 collection's chunks, which the delete itself did not log): ids only, never content. Every
@@ -35,11 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, exists, func, insert, literal, select
 from sqlalchemy.orm import Session
 
-<<<<<<< HEAD
-from rag.db import conversations, fulltext
-=======
-from rag.db import answers, fulltext
->>>>>>> Answers recorded off their path, with feedback, erased with their data
+from rag.db import answers, conversations, fulltext
 from rag.db.locks import lock_collection
 from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, IngestJob, now
 from rag.db.session import BUSY_TIMEOUT_MS, Database
@@ -49,11 +41,8 @@ log = logging.getLogger(__name__)
 # The tables a purge deletes from (vacuumed on PostgreSQL).
 PURGED_TABLES = (
     "chunks", "documents", "blobs", "change_log", "ingest_jobs", "collections",
-<<<<<<< HEAD
     "conversations", "conversation_turns", "conversation_sources",
-=======
     "answers", "answer_documents", "feedback", "drift_windows", "drift_state",
->>>>>>> Answers recorded off their path, with feedback, erased with their data
 )  # fmt: skip
 
 
@@ -146,36 +135,30 @@ def purge_collections(db: Database) -> list[str]:
         )
         if ids:
             fulltext.drop_collections(session, ids)
-<<<<<<< HEAD
             while conversations.erase(session, conversations.doomed(None, ids), 1000):
                 pass
-=======
             answers.erase_collections(session, ids)
->>>>>>> Answers recorded off their path, with feedback, erased with their data
             session.execute(delete(Collection).where(Collection.id.in_(ids)))
         return ids
 
 
-<<<<<<< HEAD
 def purge_conversations(db: Database, retention_s: float | None, limit: int) -> list[str]:
     """Erase up to `limit` conversations: deleted ones, and with a retention those untouched
     for longer (every turn with them); their ids. A deleted collection's go with it."""
     with db.write() as session:
-        return conversations.erase(session, conversations.doomed(retention_s), limit)
+        ids = conversations.erase(session, conversations.doomed(retention_s), limit)
+        answers.erase_for_conversations(session, ids)
+        return ids
 
 
-def pending(db: Database, retention_s: float | None = None) -> int:
-    """Tombstoned documents, deleted collections and conversations not purged yet."""
-=======
 def expire_answers(db: Database, before: float, limit: int) -> int:
     """Erase up to `limit` answers (and their feedback) given before `before`."""
     with db.write() as session:
         return answers.expire(session, before, limit)
 
 
-def pending(db: Database) -> int:
-    """Tombstoned documents and deleted collections not purged yet."""
->>>>>>> Answers recorded off their path, with feedback, erased with their data
+def pending(db: Database, retention_s: float | None = None) -> int:
+    """Tombstoned documents, deleted collections and conversations not purged yet."""
     with db.read() as session:
         docs = session.scalar(
             select(func.count()).select_from(Document).where(Document.deleted_at.is_not(None))

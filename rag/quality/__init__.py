@@ -8,6 +8,7 @@ the watch (the drift loop), and `record`, which the answer routes call with each
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rag.config import QualitySettings
@@ -41,15 +42,23 @@ class Quality:
         return new_id()
 
     def record(
-        self, answer_id: str | None, prep: Prepared, final: Final, req: AskRequest
+        self,
+        answer_id: str | None,
+        prep: Prepared,
+        final: Final,
+        req: AskRequest,
+        conversation_id: str | None = None,
     ) -> NewAnswer | None:
         """Queue the answer's record; the row (None when not recorded). Never raises, never
         waits: a record that cannot be built or queued is logged and dropped, and the
-        answer goes out regardless."""
+        answer goes out regardless. `conversation_id`: the stored conversation it is a turn
+        of (deleting that erases the record)."""
         if answer_id is None:
             return None
         try:
-            row = build(answer_id, prep, final, req, self.settings)
+            row = replace(
+                build(answer_id, prep, final, req, self.settings), conversation_id=conversation_id
+            )
             self.recorder.record(row)
             return row
         except Exception:

@@ -600,7 +600,9 @@ def test_answers_feedback_and_drift_windows_leave_with_their_collection(
             Answer.collection_id == cid))]  # fmt: skip
     needles = word_needles(NOTED) + vector_needles(vectors)
     if api.services.db.is_sqlite:
-        assert leftover_bytes(scan(_quality_files(api), needles)) > 0  # the search below means something
+        assert (
+            leftover_bytes(scan(_quality_files(api), needles)) > 0
+        )  # the search below means something
     before = _quality_rows(api)
     assert before["drift_windows"] == 3 and before["feedback"] == 1
 

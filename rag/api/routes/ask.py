@@ -117,13 +117,20 @@ def final_out(prep: Prepared, final: Final, answer_id: str | None = None) -> dic
 
 
 def finished(
-    services: Services, answer_id: str | None, prep: Prepared, final: Final, req: AskRequest
+    services: Services,
+    answer_id: str | None,
+    prep: Prepared,
+    final: Final,
+    req: AskRequest,
+    turn: conversations.Joined | None = None,
 ) -> None:
-    """An answer is complete: its record queued (off the answer's path) and its quality
-    signals counted. Never raises, never waits."""
+    """An answer is complete: its record queued (off the answer's path, and tied to the
+    conversation it is a turn of) and its quality signals counted. Never raises, never
+    waits."""
     if services.quality is None:
         return
-    row = services.quality.record(answer_id, prep, final, req)
+    conversation_id = turn.conversation_id if turn is not None else None
+    row = services.quality.record(answer_id, prep, final, req, conversation_id)
     if row is not None:
         observe_answer(row)
 
@@ -165,7 +172,7 @@ async def ask(
         if not body.stream:
             final = await collect(services, prep)
             observe_stages("ask", final.timings_ms)
-            finished(services, answer_id, prep, final, req)
+            finished(services, answer_id, prep, final, req, turn)
             out = final_out(prep, final, answer_id)
             if turn is not None:
                 await pools.db.run(conversations.record, services, turn, body.question, prep, out)
@@ -200,7 +207,7 @@ async def _events(
         async for item in stream:
             if isinstance(item, Final):
                 observe_stages("ask", item.timings_ms)
-                finished(services, answer_id, prep, item, req)
+                finished(services, answer_id, prep, item, req, turn)
                 out = final_out(prep, item, answer_id)
                 if turn is not None:
                     try:
