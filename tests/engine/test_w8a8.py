@@ -235,7 +235,14 @@ def test_the_kernel_lets_other_threads_run_while_it_computes():
 
     kernels = require_kernels()
     lin = layer(2048, 2048, False, kernels=kernels)
-    x = torch.randn(2048, 2048, generator=gen(5))
+    # Rows enough that one call is long against the switch interval on this CPU.
+    x = torch.randn(1024, 2048, generator=gen(5))
+    while True:
+        t0 = time.perf_counter()
+        kernels.i8_linear(x, lin.packed, lin.wsum, lin.ws, lin.smooth, lin.bias)
+        if time.perf_counter() - t0 > 40 * sys.getswitchinterval() or len(x) >= 65536:
+            break
+        x = torch.cat([x, x])
     calls: list[float] = []
 
     def call() -> None:

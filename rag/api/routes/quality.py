@@ -31,7 +31,7 @@ from rag.db import answers as sql
 from rag.db import collections, documents
 from rag.db import drift as drift_sql
 from rag.db.models import now
-from rag.errors import Invalid, NotFound
+from rag.errors import Conflict, Invalid, NotFound
 from rag.ops.metrics import observe_feedback
 from rag.quality import Quality
 from rag.quality.topics import topics
@@ -258,7 +258,7 @@ def _topics(
 @router.put(
     "/v1/collections/{collection_id}/drift/reference",
     response_model=PinOut,
-    responses={**WITH_BODY, **errors(404)},
+    responses={**WITH_BODY, **errors(404, 409)},
 )
 async def pin_reference(
     collection_id: IdPath,
@@ -277,7 +277,7 @@ async def pin_reference(
             collections.get(session, principal.tenant_id, collection_id)
             rows = sql.recent(session, collection_id, n)
         if len(rows) < 2:
-            raise Invalid("the collection has fewer than two questions to pin")
+            raise Conflict("the collection has fewer than two questions to pin")
         held = quality.watch.pin(collection_id, principal.tenant_id, rows)
         return PinOut(collection_id=collection_id, pinned=True, reference=held)
 
