@@ -96,8 +96,9 @@ class Worker:
 
     def _claim_batch(self) -> list[ClaimedJob]:
         return jobs.claim_many(
-            self.db, self.owner, self.settings.lease_s, self.settings.claim_batch
-        )
+            self.db, self.owner, self.settings.lease_s, self.settings.claim_batch,
+            self.settings.claim_bytes,
+        )  # fmt: skip
 
     def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
         """Run one job's step; its failure fails (or retries) that job alone."""

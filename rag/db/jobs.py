@@ -71,10 +71,14 @@ def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
     return claimed[0] if claimed else None
 
 
-def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[ClaimedJob]:
+def claim_many(
+    db: Database, owner: str, lease_s: float, limit: int, max_bytes: int | None = None
+) -> list[ClaimedJob]:
     """Take up to `limit` runnable jobs in one transaction (one commit, not one per job),
     marking their documents `parsing`. Due jobs are taken round-robin across tenants (see
-    `_fair_due`).
+    `_fair_due`), and no more than `max_bytes` of documents (at least one job): a claim is
+    processed whole, so a tenant that queued large files must not hold the worker for
+    minutes while another tenant's upload waits behind the batch.
 
     A job whose worker died (its lease expired) comes first and comes alone. If that worker
     held a batch, nobody knows which job killed it, so the attempt is charged to none of them;
@@ -88,6 +92,8 @@ def claim_many(db: Database, owner: str, lease_s: float, limit: int) -> list[Cla
             taken = [recovered]
         else:
             taken = _fair_due(session, t, limit, skip_locked=not db.is_sqlite)
+            if max_bytes is not None:
+                taken = _within(session, taken, max_bytes)
             for job in taken:
                 job.attempts += 1
                 _lease(job, owner, lease_s, t, len(taken))
@@ -112,13 +118,24 @@ def _due(t: float) -> ColumnElement[bool]:
 
 def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> list[IngestJob]:
     """Up to `limit` due jobs, round-robin across tenants: each tenant's oldest first, the
-    tenants in the order of their oldest due job. A claim of n jobs thus holds one of each of
-    the first n tenants waiting, however many jobs the first of them queued."""
-    tenants = session.scalars(
-        select(IngestJob.tenant_id)
+    tenant served least recently first (then the oldest due job). A claim of n jobs thus holds
+    one of each of the first n tenants waiting, however many jobs the first of them queued,
+    and a claim cut short by its bytes is followed by one that starts with another tenant."""
+    waiting = (
+        select(IngestJob.tenant_id, func.min(IngestJob.run_after).label("oldest"))
         .where(_due(t))
         .group_by(IngestJob.tenant_id)
-        .order_by(func.min(IngestJob.run_after), IngestJob.tenant_id)
+        .subquery()
+    )
+    served = (
+        select(func.max(IngestJob.updated_at))
+        .where(IngestJob.tenant_id == waiting.c.tenant_id, IngestJob.state != "queued")
+        .correlate(waiting)
+        .scalar_subquery()
+    )
+    tenants = session.scalars(
+        select(waiting.c.tenant_id)
+        .order_by(func.coalesce(served, 0.0), waiting.c.oldest, waiting.c.tenant_id)
         .limit(limit)
     ).all()
     oldest_first = (IngestJob.run_after, IngestJob.id)
@@ -145,6 +162,28 @@ def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> l
         stmt = stmt.with_for_update(skip_locked=True)
     rows = {job.id: job for job in session.scalars(stmt)}
     return [rows[job_id] for job_id in order if job_id in rows]
+
+
+def _within(session: Session, taken: list[IngestJob], max_bytes: int) -> list[IngestJob]:
+    """The first of `taken` whose documents' bytes add up to at most `max_bytes` (at least
+    one); the rest stay queued (their row locks go at commit)."""
+    if len(taken) <= 1:
+        return taken
+    sizes = dict(
+        session.execute(
+            select(Document.id, Document.size).where(
+                Document.id.in_([job.document_id for job in taken])
+            )
+        ).all()
+    )
+    kept: list[IngestJob] = []
+    total = 0
+    for job in taken:
+        total += int(sizes.get(job.document_id) or 0)
+        if kept and total > max_bytes:
+            break
+        kept.append(job)
+    return kept
 
 
 def _take_over(

@@ -194,6 +194,8 @@ class IngestJob(Base):
         # A claim takes each tenant's oldest due jobs in turn; a tenant's pending jobs are
         # counted against its limit at every upload.
         Index("ix_ingest_jobs_tenant_claim", "tenant_id", "state", "run_after"),
+        # ... starting with the tenant served least recently (its latest change).
+        Index("ix_ingest_jobs_tenant_updated", "tenant_id", "updated_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)

@@ -469,3 +469,39 @@ def test_leases_run_on_the_databases_clock_not_the_workers(
     time.sleep(0.3)
     taken = jobs.claim(db, "w3", lease_s=30)  # w1's short lease ran out on the database's clock
     assert taken is not None and taken.id == job_id and taken.owner == "w3"
+
+
+def test_a_claim_stops_at_its_bytes_so_another_tenants_upload_waits_little(
+    db: Database,
+) -> None:
+    """A claim is processed whole: one tenant's large files, taken 64 at a time, held the
+    worker for minutes while another tenant's upload waited behind them. A claim now stops
+    at claim_bytes of documents (one larger document alone), the tenants still taken in
+    turn."""
+    emb = HashEmbedder()
+    flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
+    big = [_upload(db, flood, f"file {i} " + "filler words " * 8_000) for i in range(6)]
+    small = _upload(db, honest, "the ferry leaves at nine")
+    settings = IngestSettings(claim_batch=64, claim_bytes=250_000)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    first = worker._claim_batch()
+    assert [j.id for j in first] == [big[0], small, big[1]]  # ~104 KB each, then the budget
+    assert [j.id for j in worker._claim_batch()] == [big[2], big[3]]
+    huge = _upload(db, honest, "huge " * 60_000)  # larger than the budget: taken alone
+    claims = [[j.id for j in worker._claim_batch()] for _ in range(3)]
+    assert claims == [[huge], [big[4], big[5]], []]  # the tenant served longest ago first
+
+
+def test_claims_take_turns_across_tenants_when_each_holds_one_job(db: Database) -> None:
+    """A claim cut to one large document must not always start with the tenant whose oldest
+    job is oldest: with a deep backlog that tenant would be served forever. The tenant served
+    least recently goes first."""
+    emb = HashEmbedder()
+    flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
+    big = [_upload(db, flood, f"file {i} " + "filler words " * 8_000) for i in range(4)]
+    settings = IngestSettings(claim_batch=64, claim_bytes=50_000)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    assert [j.id for j in worker._claim_batch()] == [big[0]]
+    small = _upload(db, honest, "the ferry leaves at nine")  # queued after the flood's
+    assert [j.id for j in worker._claim_batch()] == [small]
+    assert [j.id for j in worker._claim_batch()] == [big[1]]
