@@ -70,7 +70,7 @@ class Weights:
     # embedding model's space: paraphrases the terms miss ("Which magazine ran it in parts?"
     # and "serialised in The Russian Messenger"). Only the best `shortlist` units by the
     # other parts are embedded.
-    similar: float = 1.0
+    similar: float = 2.0
     predicate: float = 0.3  # the share of the question's own words (past names, context)
     shortlist: int = 7  # with the question, one batch of the query encoder
 
@@ -150,7 +150,7 @@ DURATION_UNITS = frozenset(
     """second seconds minute minutes hour hours day days week weeks month months year years
     business working""".split()
 )
-_PLACE_BEFORE = frozenset("in at from near to into of on across".split())
+_PLACE_BEFORE = frozenset("in at from near to into of on across for after".split())
 _PERSON_BEFORE = frozenset("by with to for".split())
 
 
@@ -188,6 +188,17 @@ def ask_of(question: str) -> Ask:
     if noun in STOP or noun in ("kind", "type", "sort", "is", "are", "was", "were", "does"):
         return Ask.OTHER
     return Ask.NAME
+
+
+_COUNTED = re.compile(r"\bhow many ([a-z]+)")
+
+
+def counted(question: str) -> str | None:
+    """What "how many ..." counts ("How many pages does it have?": pages), stemmed."""
+    m = _COUNTED.search(" ".join(w.lower() for w in WORD.findall(question)))
+    if m is None or m.group(1) in STOP or m.group(1) in ("more", "other", "different"):
+        return None
+    return stem(m.group(1))
 
 
 def question_names(question: str) -> set[str]:
@@ -292,6 +303,7 @@ def choose(
     wanted = terms(question)
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
+    unit_of = counted(question) if ask is Ask.NUMBER else None
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
@@ -302,7 +314,8 @@ def choose(
     for i, p in enumerate(passages):
         prior = dense[i] if dense is not None and i < len(dense) else 0.0
         for u in units(p.text, starts_document=p.start_char == 0):
-            s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior)
+            s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
+                       unit_of)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -355,6 +368,7 @@ def _score(
     title: set[str],
     weights: Weights,
     prior: float,
+    unit_of: str | None = None,
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -375,6 +389,8 @@ def _score(
     else:
         hits = candidates(body, ask, wanted)
         found = bool(hits) or ask is Ask.OTHER  # no kind asked: any relevant unit may answer
+        if unit_of is not None and unit_of not in own:
+            found = False  # "how many pages": a number, but none of pages
         if ask is not Ask.OTHER and len(hits) > 1:
             clause = _clause(body, hits, wanted, names)
             if clause is not None:
@@ -428,10 +444,13 @@ def _clause(
     if len(scored) < 2:
         return None
     scored.sort(reverse=True)
-    # Only a name of the question's that one clause holds and no other picks it out ("...,
-    # Business accounts 6 and Enterprise accounts 20"): a subject's name or shared terms do
-    # not make a clause the answer.
-    if scored[0][0] == 0 or scored[0][0] == scored[1][0]:
+    # A name of the question's that one clause holds and no other picks it out ("...,
+    # Business accounts 6 and Enterprise accounts 20"); when no name does, the question's
+    # other words may ("book flights at least 14 days before departure and hotels at least
+    # 10 days before arrival"), if one clause holds more of them than any other.
+    top, second = scored[0], scored[1]
+    by_words = top[0] == second[0] and top[1] > second[1] and top[1] > 0
+    if (top[0] == 0 or top[0] == second[0]) and not by_words:
         return None
-    _, _, s, e = scored[0]
+    _, _, s, e = top
     return (s, e)

@@ -2,10 +2,11 @@
 words around it that say what it is about.
 
 A document's facts stand in sentences ("It is held in the Uffizi Gallery in Florence.") and
-in tables. Parsed tables come in two shapes: a row a line with cells between tabs (HTML and
-DOCX), or, from a PDF, a cell a line ("City", "Hotel per night", "Meals per day", "Berlin",
-"€180", ...). Both are read back into rows under their header, so "the hotel limit in Munich"
-finds the cell where the Munich row meets the hotel column.
+in tables. Parsed tables come in three shapes: a row a line with cells between tabs (HTML and
+DOCX), a markdown row with cells between pipes, or, from a PDF, a cell a line ("City", "Hotel
+per night", "Meals per day", "Berlin", "€180", ...). All are read back into rows under their
+header, so "the hotel limit in Munich" finds the cell where the Munich row meets the hotel
+column.
 
 Each unit carries its context: the heading above it (a short line without closing
 punctuation), the document's title (its file name) and, for a passage that starts its
@@ -76,7 +77,7 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
 
     while i < len(lines):
         line = lines[i]
-        table = _tab_table(lines, i) or _grid_table(lines, i)
+        table = _tab_table(lines, i) or _pipe_table(lines, i) or _grid_table(lines, i)
         if table is not None:
             flush()
             header, rows, i = table
@@ -151,6 +152,52 @@ def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[S
             continue
         cells = _cells(line) if "\t" in line.text else []
         if len(cells) != width:
+            break
+        rows.append(cells)
+        j += 1
+    if not rows:
+        return None
+    text_of = [lines[i].text[s - lines[i].start : e - lines[i].start] for s, e in head]
+    return tuple(text_of), rows, j
+
+
+def _pipe_cells(line: _Line) -> list[Span]:
+    """The cells of a markdown table row ("| Business | €49 | €59 |"): the text between
+    pipes, outer pipes optional."""
+    text = line.text
+    parts: list[Span] = []
+    at = 0
+    for part in text.split("|"):
+        stripped = part.strip()
+        if stripped:
+            s = line.start + at + part.index(stripped)
+            parts.append((s, s + len(stripped)))
+        elif at > 0 and at + len(part) < len(text):  # an empty cell inside the row
+            s = line.start + at
+            parts.append((s, s))
+        at += len(part) + 1
+    return parts
+
+
+def _pipe_rule(text: str) -> bool:
+    """A markdown table's rule under its header: |---|:--:| ..."""
+    body = text.strip()
+    return "|" in body and "-" in body and not body.strip("|-: ")
+
+
+def _pipe_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
+    """A markdown table starting at line i: a header row, its rule, then rows of as many
+    cells (the header's cells, the rows' cell spans, and the line after it)."""
+    if "|" not in lines[i].text or i + 1 >= len(lines) or not _pipe_rule(lines[i + 1].text):
+        return None
+    head = _pipe_cells(lines[i])
+    if len(head) < 2:
+        return None
+    rows: list[list[Span]] = []
+    j = i + 2
+    while j < len(lines) and "|" in lines[j].text:
+        cells = _pipe_cells(lines[j])
+        if len(cells) != len(head):
             break
         rows.append(cells)
         j += 1

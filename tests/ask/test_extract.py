@@ -62,7 +62,7 @@ def test_the_chosen_sentence_comes_first_then_the_others_in_reading_order() -> N
     assert choice is not None and choice.answerable(0.3)
     got = extract(passages, choice, max_sentences=3)
     assert [q.text for q in got.quotes] == [
-        "The ferry carries forty cars and three hundred passengers.",  # the answer first
+        "The ferry carries forty cars",  # the answer first: the clause about cars
         "The ferry to the island leaves from pier four.",  # then reading order
         "Tickets are sold on board.",
     ]
