@@ -35,6 +35,7 @@ lowest over the sets), ttft_p50_unseen_ms, ttft_p50_seen_ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,40 @@ def ingest_company(client: httpx.Client, h: dict[str, str], cid: str, folder: Pa
     client.post(f"/v1/collections/{cid}/documents", files=handles,
                 headers=h).raise_for_status()  # fmt: skip
     wait_indexed(client, h, cid, len(files))
+
+
+@contextlib.contextmanager
+def served(
+    data_dir: Path, sets: Sequence[str], docs: list[dict[str, str]]
+) -> Iterator[tuple[httpx.Client, dict[str, str], dict[str, str]]]:
+    """A server over `data_dir` with the sets' collections ingested (once: a kept data dir
+    is reused): the client, the bench tenant's headers, and the collection ids by set."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not (data_dir / "bench-collections.json").exists()
+    port = free_port()
+    proc = start_server(data_dir, port)
+    try:
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+        wait_ready(client, proc, 300)
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        if fresh:
+            key = client.post("/v1/keys", json={"tenant": "bench"}, headers=admin).json()["key"]
+            h = {"Authorization": f"Bearer {key}"}
+            cids = {}
+            t = time.perf_counter()
+            for s in sets:
+                cids[s] = client.post("/v1/collections", json={"name": s}, headers=h).json()["id"]
+                if s == "wiki":
+                    ingest_wiki(client, h, cids[s], docs)
+                else:
+                    ingest_company(client, h, cids[s], data_dir / "company-docs")
+            print(f"ingested in {time.perf_counter() - t:.0f} s", flush=True)
+            (data_dir / "bench-collections.json").write_text(json.dumps({"key": key, **cids}))
+        saved = json.loads((data_dir / "bench-collections.json").read_text())
+        yield client, {"Authorization": f"Bearer {saved['key']}"}, saved
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 # ---------------------------------------------------------------- asking
@@ -376,29 +411,7 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory()
     data_dir = Path(args.keep or tmp.name)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fresh = not (data_dir / "bench-collections.json").exists()
-    port = free_port()
-    proc = start_server(data_dir, port)
-    try:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
-        wait_ready(client, proc, 300)
-        admin = {"Authorization": f"Bearer {ADMIN}"}
-        if fresh:
-            key = client.post("/v1/keys", json={"tenant": "bench"}, headers=admin).json()["key"]
-            h = {"Authorization": f"Bearer {key}"}
-            cids = {}
-            t = time.perf_counter()
-            for s in sets:
-                cids[s] = client.post("/v1/collections", json={"name": s}, headers=h).json()["id"]
-                if s == "wiki":
-                    ingest_wiki(client, h, cids[s], docs)
-                else:
-                    ingest_company(client, h, cids[s], data_dir / "company-docs")
-            print(f"ingested in {time.perf_counter() - t:.0f} s", flush=True)
-            (data_dir / "bench-collections.json").write_text(json.dumps({"key": key, **cids}))
-        saved = json.loads((data_dir / "bench-collections.json").read_text())
-        h = {"Authorization": f"Bearer {saved['key']}"}
+    with served(data_dir, sets, docs) as (client, h, saved):
         results: dict[str, list[Outcome]] = {}
         for config in configs:
             given: set[int] = set()
@@ -411,9 +424,6 @@ def main() -> None:
             results[config] = outs
             print(f"{config}: {len(outs)} questions in {time.perf_counter() - t:.0f} s",
                   flush=True)  # fmt: skip
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
     if args.dump:
         dump(Path(args.dump), results)
 

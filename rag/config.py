@@ -74,7 +74,7 @@ class IngestSettings(_Section):
     # stops at claim_bytes of documents (one larger document is taken alone), so that one
     # tenant's large files never hold the worker long while another tenant's upload waits.
     claim_batch: int = Field(64, ge=1, le=256)
-    claim_bytes: int = Field(65_536, ge=1)
+    claim_bytes: int = Field(1_048_576, ge=1)
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(2.0, ge=0)
     backoff_max_s: float = Field(300.0, ge=0)
