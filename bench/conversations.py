@@ -193,7 +193,11 @@ def run_conversations(client: httpx.Client, h: dict[str, str], cids: dict[str, s
                   holds(full_answer.answer, turn["answers"], turn["wrong"]))  # fmt: skip
             if not follow.error and follow.source != "refused":
                 s.add(s.ttft, "follow-up (conversation)", follow.ttft_ms)
-            needles += [q.encode(), follow.searched.encode()]
+            # What the conversation alone holds: the full question was also asked outside it
+            # (its answer is recorded apart, and kept), so a rewrite equal to it is not looked
+            # for.
+            needles += [t.encode() for t in (q, follow.searched)
+                        if not same(t, turn["full"])]  # fmt: skip
             history.append({"question": q, "answer": follow.answer})
     return made
 
