@@ -9,7 +9,7 @@ embedded by the bundled all-MiniLM-L6-v2; 16 clients ask the wiki dev set's ques
 HTTP, each as soon as its last answer came. Answers are extractive (no generator): the
 cheapest answer path, so recording's share of each answer is the largest it can be.
 Runs alternate on and off (the order flips every pair) and the ratio is taken per pair; the
-drift loop runs every second while on (the default is every 15 s).
+drift loop runs every second while on (`--interval-s`; the service's default is every 15 s).
 
 FIGURE watch_overhead: mean of the pairs' on/off answers-per-second ratios (goal >= 0.97),
 with its standard error.
@@ -69,6 +69,9 @@ def load(url: str, headers: dict[str, str], cid: str, questions: list[str], seco
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--interval-s", type=float, default=1.0, help="the drift loop's interval while on"
+    )
     args = ap.parse_args()
     pairs, seconds = (3, 8.0) if args.quick else (6, 20.0)
     rows = [json.loads(line) for line in shared("wiki_vital", "passages.jsonl").open()]
@@ -80,7 +83,7 @@ def main() -> None:
             data_dir=Path(tmp),
             auth={"admin_key": "bench-admin-key-0123456789"},
             engine={"load_at_start": False},
-            quality={"interval_s": 1.0},
+            quality={"interval_s": args.interval_s},
             quota={"max_concurrent_asks": 64},
         )
         services = build_services(settings, announce_admin_key=False)
