@@ -1,9 +1,9 @@
 """Every answer recorded off its path: a bounded queue and one writer thread.
 
 `Recorder.record` builds the row (no I/O) and puts it on the queue without waiting: a full
-queue drops the record and counts it, never the answer. The writer takes what is queued,
-at most `batch` at a time every `flush_s`, and writes it in one transaction; a write that
-fails is logged and dropped (the answers were given; only their record is lost). Feedback on
+queue drops the record and counts it, never the answer. The writer waits `flush_s` after
+the first record it takes and writes what came meanwhile (at most `batch`) in one
+transaction; a write that fails is logged and dropped (the answers were given; only their record is lost). Feedback on
 an answer still queued waits for it (`wait_written`), so an id the client already holds is
 never a 404 because the writer is behind.
 """
@@ -153,6 +153,9 @@ class Recorder:
                 first = self._queue.get(timeout=self.settings.flush_s)
             except queue.Empty:
                 continue
+            # What arrives within `flush_s` of the first joins its transaction: one write per
+            # interval under load, not one per answer.
+            self._loop.stop.wait(self.settings.flush_s)
             self._drain([first])
 
     def _drain(self, batch: list[sql.NewAnswer] | None = None) -> bool:

@@ -176,6 +176,7 @@ def test_the_recording_never_fails_or_slows_an_answer(
     cid = api.collection(api.a)
     ingest(api, api.a, cid, FACTS)
     _ask(api, cid)  # warm
+    flush(api)
     stuck = __import__("threading").Event()
 
     def hang(batch: list[Any]) -> None:
@@ -196,6 +197,31 @@ def test_the_recording_never_fails_or_slows_an_answer(
         "/metrics", headers={"Authorization": "Bearer test-admin-key-0123456789"}
     )
     assert "rag_quality_records_dropped_total 6.0" in metrics.text
+
+
+def test_answers_within_the_writers_interval_share_one_transaction(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    """The writer waits `flush_s` after the first record it takes: answers given meanwhile
+    are written together, not one transaction each, and every one is written."""
+    api = quality_api(make_api, sqlite_url, hash_embedder, flush_s=5.0)
+    quality = api.services.quality
+    assert quality is not None
+    cid = api.collection(api.a)
+    ingest(api, api.a, cid, FACTS)
+    batches: list[int] = []
+    write = quality.recorder._write
+
+    def counted(batch: list[Any]) -> None:
+        batches.append(len(batch))
+        write(batch)
+
+    quality.recorder._write = counted
+    ids = [_ask(api, cid).json()["answer_id"] for _ in range(5)]
+    quality.recorder.wait_written(ids[-1], timeout_s=30)
+    assert batches == [5]
+    with api.services.db.read() as s:
+        assert s.scalar(select(func.count()).where(Answer.id.in_(ids))) == 5
 
 
 @pytest.mark.parametrize("stream", [False, True])
