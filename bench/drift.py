@@ -26,6 +26,13 @@ of the collection covers them) mixed into 2,000 stream questions; a question is 
 best cosine against the collection's passages (mix A's texts) is under quality.weak_score,
 as the ask path marks it. FIGURE unanswered_topic_recall: the share of the 60 in the top
 topic shown; unanswered_topic_purity: the share of that topic that are among the 60.
+
+End to end (the wiring, not the statistics): a live service (`rag serve`'s app on loopback,
+SQLite, the bundled embedder) holds 100 summaries of each mix; 300 stream texts are asked over
+HTTP (`/ask`, extractive), 100 from mix A, then 200 from mix B, with a reference and a window
+of 100 and the drift loop every second. It reports how many answers were recorded, the
+questions after the shift until `/v1/collections/{id}/quality` shows the alert, and whether
+`/metrics` carries it (`rag_drift_alert`).
 """
 
 from __future__ import annotations
@@ -150,6 +157,74 @@ def run_stream(
     return onsets
 
 
+def end_to_end(texts: dict[str, list[str]], rng: np.random.Generator) -> dict[str, object]:
+    """300 questions through /ask on a live service; what the service recorded and showed."""
+    import httpx
+
+    from rag.api.app import create_app
+    from rag.api.loopback import LiveServer
+    from rag.auth import create_key
+    from rag.config import Settings
+    from rag.services import build_services
+
+    rows = [json.loads(line) for line in shared("wiki_vital", "passages.jsonl").open()]
+    docs = [r["text"] for t in (MIX_A, MIX_B) for r in
+            [r for r in rows if r["topic"] in t][:100]]  # fmt: skip
+
+    def draw(chosen: list[str], count: int) -> list[str]:
+        names = [t for t in chosen if texts.get(t)]
+        return [
+            texts[names[t]][rng.integers(len(texts[names[t]]))]
+            for t in rng.integers(len(names), size=count)
+        ]
+
+    questions = draw(MIX_A, 100) + draw(MIX_B, 200)
+    admin = "bench-admin-key-0123456789"
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(
+            data_dir=Path(tmp),
+            auth={"admin_key": admin},
+            engine={"load_at_start": False},
+            quality={"interval_s": 1.0,
+                     "drift": {"reference_size": 100, "window": 100, "check_every": 50}},
+        )  # fmt: skip
+        services = build_services(settings, announce_admin_key=False)
+        key, _ = create_key(services.db, "bench")
+        headers = {"Authorization": f"Bearer {key}"}
+        with LiveServer(create_app(settings, services)) as server:
+            c = httpx.Client(base_url=server.url, headers=headers, timeout=120)
+            cid = c.post("/v1/collections", json={"name": "mixed"}).json()["id"]
+            for text in docs:
+                c.post(f"/v1/collections/{cid}/documents", json={"text": text})
+            while c.get(f"/v1/collections/{cid}").json()["documents"].get("indexed", 0) < len(docs):
+                time.sleep(0.5)
+            onset, ok, alert_seen = None, 0, False
+            for i, q in enumerate(questions, 1):
+                r = c.post(f"/v1/collections/{cid}/ask", json={"question": q, "mode": "extractive"})
+                ok += r.status_code == 200 and bool(r.json().get("answer_id"))
+                if i % 50 == 0:
+                    time.sleep(2.5)  # the writer's flush and one turn of the drift loop
+                    drift = c.get(f"/v1/collections/{cid}/quality").json()["drift"]
+                    alert = any(d["kind"] == "questions" and d["alert"] for d in drift)
+                    if alert and onset is None and i > 100:
+                        onset = i - 100
+                    alert_seen = alert_seen or (alert and i <= 100)
+            assert services.quality is not None
+            services.quality.recorder.flush()
+            recorded = services.quality.recorder.written
+            metrics = c.get("/metrics", headers={"Authorization": f"Bearer {admin}"}).text
+            c.close()
+    in_metrics = any(
+        line.startswith("rag_drift_alert") and 'kind="questions"' in line and cid in line
+        and line.rstrip().endswith("1.0")
+        for line in metrics.splitlines()
+    )  # fmt: skip
+    return {
+        "asked": len(questions), "answered_with_id": ok, "recorded": recorded, "delay": onset,
+        "alert_before_shift": alert_seen, "alert_in_metrics": in_metrics,
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -237,6 +312,11 @@ def main() -> None:
             break
     print(f"weak questions clustered: {len(weak)} of 2060; topics: "
           f"{[t.count for t in found[:5]]}")  # fmt: skip
+    wired = end_to_end(texts, rng)
+    print(f"end to end over /ask: {wired['asked']} asked, {wired['answered_with_id']} answered "
+          f"with an id, {wired['recorded']} recorded; alert {wired['delay']} questions after the "
+          f"shift (reference and window 100); alert before it: {wired['alert_before_shift']}; "
+          f"rag_drift_alert 1 in /metrics: {wired['alert_in_metrics']}")  # fmt: skip
     print(f"FIGURE drift_detect_delay {delay}")
     print(f"FIGURE drift_false_alarms {len(false_alarms)}")
     print(f"FIGURE gradual_detect_delay {g_delay}")
