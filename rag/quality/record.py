@@ -3,9 +3,9 @@
 `Recorder.record` builds the row (no I/O) and puts it on the queue without waiting: a full
 queue drops the record and counts it, never the answer. The writer waits `flush_s` after
 the first record it takes and writes what came meanwhile (at most `batch`) in one
-transaction; a write that fails is logged and dropped (the answers were given; only their record is lost). Feedback on
-an answer still queued waits for it (`wait_written`), so an id the client already holds is
-never a 404 because the writer is behind.
+transaction; a write that fails is logged and dropped (the answers were given; only their
+record is lost). Feedback on an answer still queued waits for it (`wait_written`), so an id
+the client already holds is never a 404 because the writer is behind.
 """
 
 from __future__ import annotations
