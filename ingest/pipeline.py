@@ -3,8 +3,13 @@ embed (one call for the whole batch) → write (one transaction, each job fenced
 
 One job's problem fails that job alone: the worker's `guard` runs each job's step and turns
 its failure into a retry or a permanent failure (rag.db.jobs), while the rest of the batch
-goes on. Embedding the chunks of up to `claim_batch` jobs in one call is what keeps ingest
-near the model's bare encode speed.
+goes on. Embedding the chunks of up to `claim_batch` jobs together is what keeps ingest near
+the model's bare encode speed.
+
+A claim is bounded in bytes, not in the model's work: a megabyte of `[` is a million tokens.
+So the batch is embedded in slices of `SLICE` chunks (sorted by length first, so slices pad
+as little as one call would), and between jobs' parses and between slices the pipeline calls
+`pause`, where the worker serves the other tenants waiting (ingest.worker).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ StillOurs = Callable[[ClaimedJob], Callable[[], None]]
 # its parser runs ~12 s a MB on hostile input (runs of `[`), in the API's own process when
 # the worker is in-process, so it gets the child's time and memory limits like the others.
 IN_PROCESS_TYPES = {"text/plain"}
+# Chunks embedded between two pauses.
+SLICE = 256
 
 
 class PermanentFailure(Exception):
@@ -61,14 +68,22 @@ class Pipeline:
         self.settings = settings
         self.limits = ParseLimits.from_settings(settings)
 
-    def run(self, held: list[ClaimedJob], guard: Guard, still_ours: StillOurs) -> None:
-        """Process a claimed batch."""
+    def run(
+        self,
+        held: list[ClaimedJob],
+        guard: Guard,
+        still_ours: StillOurs,
+        pause: Callable[[], None] | None = None,
+    ) -> None:
+        """Process a claimed batch; `pause()` between jobs' parses and embedded slices."""
+        pause = pause or _nothing
         ready: list[tuple[ClaimedJob, Chunked]] = []
         for job in held:
             log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
             chunked = guard(job, partial(self.chunk, job, still_ours(job)))
             if chunked is not None:
                 ready.append((job, chunked))
+            pause()
         if not ready:
             return
         try:
@@ -76,7 +91,7 @@ class Pipeline:
         except Exception:  # only what the documents show meanwhile: the write sets the rest
             log.warning("could not mark %d jobs embedding", len(ready), exc_info=True)
         try:
-            vectors = self.embed([c for _, c in ready])
+            vectors = self.embed([c for _, c in ready], pause)
         except Exception as exc:
             log.exception("embedding failed for %d jobs", len(ready))
             for job, _ in ready:
@@ -118,11 +133,22 @@ class Pipeline:
             raise PermanentFailure(exc.message) from exc
         return parsed.text
 
-    def embed(self, batch: list[Chunked]) -> list[npt.NDArray[np.float32]]:
-        """One encode call for the chunks of several jobs (the model batches and sorts them by
-        length itself), split back per job."""
+    def embed(
+        self, batch: list[Chunked], pause: Callable[[], None] = lambda: None
+    ) -> list[npt.NDArray[np.float32]]:
+        """The chunks of several jobs, longest first in slices of `SLICE` (one encode call
+        each, `pause()` between them), split back per job."""
         texts = [c.text for p in batch for c in p.chunks]
-        return split_rows(self.embedder.embed(texts), [len(p.chunks) for p in batch])
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        parts = []
+        for at in range(0, len(order), SLICE):
+            if at:
+                pause()
+            parts.append(self.embedder.embed([texts[i] for i in order[at : at + SLICE]]))
+        vectors = np.empty((len(texts), self.embedder.dim), np.float32)
+        if parts:
+            vectors[order] = np.vstack(parts)
+        return split_rows(vectors, [len(p.chunks) for p in batch])
 
     def write(
         self,
@@ -163,6 +189,10 @@ class Pipeline:
         )
         log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
         return state
+
+
+def _nothing() -> None:
+    pass
 
 
 def _raise(exc: BaseException) -> NoReturn:

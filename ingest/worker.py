@@ -20,6 +20,8 @@ from rag.db.jobs import ClaimedJob, LeaseLost
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# A claim runs this long before the worker looks for other tenants' jobs at its pauses.
+PAUSE_AFTER_S = 2.0
 
 
 class _Heartbeat:
@@ -85,19 +87,40 @@ class Worker:
 
     def run_once(self) -> bool:
         """Claim a batch of jobs (up to `claim_batch`), keep their leases alive, and run them
-        through the pipeline. False when there was no job."""
+        through the pipeline. False when there was no job.
+
+        A claim bounded in bytes can still be minutes of the model's work (a megabyte of `[`
+        is a million tokens). So at the pipeline's pauses, once the claim has run
+        `PAUSE_AFTER_S`, the worker claims the other tenants' due jobs and runs them first
+        (not pausing them in turn), while the heartbeat keeps the paused claim's leases."""
         held = self._claim_batch()
         if not held:
             return False
-        with _Heartbeat(self.db, held, self.settings.lease_s) as beat:
-            self.pipeline.run(held, self._guard, beat.checker)
-        self.processed += len(held)
+        tenants = sorted({job.tenant_id for job in held})
+        last = time.monotonic()
+
+        def pause() -> None:
+            nonlocal last
+            if time.monotonic() - last < PAUSE_AFTER_S:
+                return
+            others = self._claim_batch(exclude_tenants=tenants)
+            if others:
+                log.info("claim of %d jobs paused for %d of other tenants", len(held), len(others))
+                self._process(others)
+            last = time.monotonic()
+
+        self._process(held, pause)
         return True
 
-    def _claim_batch(self) -> list[ClaimedJob]:
+    def _process(self, held: list[ClaimedJob], pause: Callable[[], None] | None = None) -> None:
+        with _Heartbeat(self.db, held, self.settings.lease_s) as beat:
+            self.pipeline.run(held, self._guard, beat.checker, pause)
+        self.processed += len(held)
+
+    def _claim_batch(self, exclude_tenants: list[str] | None = None) -> list[ClaimedJob]:
         return jobs.claim_many(
             self.db, self.owner, self.settings.lease_s, self.settings.claim_batch,
-            self.settings.claim_bytes,
+            self.settings.claim_bytes, exclude_tenants=exclude_tenants or (),
         )  # fmt: skip
 
     def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:

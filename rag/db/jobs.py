@@ -42,6 +42,7 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     owner: str
+    tenant_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,13 @@ def claim(db: Database, owner: str, lease_s: float) -> ClaimedJob | None:
 
 
 def claim_many(
-    db: Database, owner: str, lease_s: float, limit: int, max_bytes: int | None = None
+    db: Database,
+    owner: str,
+    lease_s: float,
+    limit: int,
+    max_bytes: int | None = None,
+    *,
+    exclude_tenants: Sequence[str] = (),
 ) -> list[ClaimedJob]:
     """Take up to `limit` runnable jobs in one transaction (one commit, not one per job),
     marking their documents `parsing`. Due jobs are taken round-robin across tenants (see
@@ -84,14 +91,23 @@ def claim_many(
     held a batch, nobody knows which job killed it, so the attempt is charged to none of them;
     each is retried on its own, and only a worker that dies holding one job charges it. A
     document that crashes workers thus ends `failed` after `max_attempts` solo tries, and its
-    batch-mates are never failed with it."""
+    batch-mates are never failed with it.
+
+    `exclude_tenants`: only other tenants' due jobs (a worker paused inside a long claim
+    serves the tenants waiting behind it; jobs of dead workers wait for its next claim)."""
     with db.write() as session:
         t = clock(session)
-        recovered = _take_over(session, owner, lease_s, t, skip_locked=not db.is_sqlite)
+        recovered = (
+            None
+            if exclude_tenants
+            else _take_over(session, owner, lease_s, t, skip_locked=not db.is_sqlite)
+        )
         if recovered is not None:
             taken = [recovered]
         else:
-            taken = _fair_due(session, t, limit, skip_locked=not db.is_sqlite)
+            taken = _fair_due(
+                session, t, limit, skip_locked=not db.is_sqlite, exclude=exclude_tenants
+            )
             if max_bytes is not None:
                 taken = _within(session, taken, max_bytes)
             for job in taken:
@@ -107,23 +123,34 @@ def claim_many(
                 .values(status="parsing", updated_at=t)
             )
         return [
-            ClaimedJob(j.id, j.document_id, j.collection_id, j.attempts, j.max_attempts, owner)
+            ClaimedJob(
+                j.id,
+                j.document_id,
+                j.collection_id,
+                j.attempts,
+                j.max_attempts,
+                owner,
+                j.tenant_id,
+            )  # fmt: skip
             for j in taken
         ]
 
 
-def _due(t: float) -> ColumnElement[bool]:
-    return and_(IngestJob.state == "queued", IngestJob.run_after <= t)
+def _due(t: float, exclude: Sequence[str] = ()) -> ColumnElement[bool]:
+    due = and_(IngestJob.state == "queued", IngestJob.run_after <= t)
+    return and_(due, IngestJob.tenant_id.not_in(exclude)) if exclude else due
 
 
-def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> list[IngestJob]:
+def _fair_due(
+    session: Session, t: float, limit: int, *, skip_locked: bool, exclude: Sequence[str] = ()
+) -> list[IngestJob]:
     """Up to `limit` due jobs, round-robin across tenants: each tenant's oldest first, the
     tenant served least recently first (then the oldest due job). A claim of n jobs thus holds
     one of each of the first n tenants waiting, however many jobs the first of them queued,
     and a claim cut short by its bytes is followed by one that starts with another tenant."""
     waiting = (
         select(IngestJob.tenant_id, func.min(IngestJob.run_after).label("oldest"))
-        .where(_due(t))
+        .where(_due(t, exclude))
         .group_by(IngestJob.tenant_id)
         .subquery()
     )
@@ -140,7 +167,7 @@ def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> l
     ).all()
     oldest_first = (IngestJob.run_after, IngestJob.id)
     if len(tenants) <= 1:  # one tenant waiting: its oldest jobs, in one statement
-        stmt = select(IngestJob).where(_due(t)).order_by(*oldest_first).limit(limit)
+        stmt = select(IngestJob).where(_due(t, exclude)).order_by(*oldest_first).limit(limit)
         if skip_locked:
             stmt = stmt.with_for_update(skip_locked=True)
         return list(session.scalars(stmt))
@@ -148,7 +175,7 @@ def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> l
         list(
             session.scalars(
                 select(IngestJob.id)
-                .where(_due(t), IngestJob.tenant_id == tenant_id)
+                .where(_due(t, exclude), IngestJob.tenant_id == tenant_id)
                 .order_by(*oldest_first)
                 .limit(limit)
             )
@@ -157,7 +184,7 @@ def _fair_due(session: Session, t: float, limit: int, *, skip_locked: bool) -> l
     ]
     order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)][:limit]
     # Locked (and checked again) only now: a job another worker claimed meanwhile is skipped.
-    stmt = select(IngestJob).where(IngestJob.id.in_(order), _due(t))
+    stmt = select(IngestJob).where(IngestJob.id.in_(order), _due(t, exclude))
     if skip_locked:
         stmt = stmt.with_for_update(skip_locked=True)
     rows = {job.id: job for job in session.scalars(stmt)}

@@ -505,3 +505,42 @@ def test_claims_take_turns_across_tenants_when_each_holds_one_job(db: Database) 
     small = _upload(db, honest, "the ferry leaves at nine")  # queued after the flood's
     assert [j.id for j in worker._claim_batch()] == [small]
     assert [j.id for j in worker._claim_batch()] == [big[1]]
+
+
+def test_a_long_claim_pauses_for_another_tenants_upload(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim bounded in bytes can be minutes of the model's work (a megabyte of `[` is a
+    million tokens), and an upload queued behind it used to wait for all of it. Between
+    embedded slices the worker now runs the other tenants' due jobs first; the paused
+    claim's vectors are the same as embedded in one call."""
+    import ingest.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "PAUSE_AFTER_S", 0.0)
+    order: list[str] = []
+
+    class Recording(HashEmbedder):
+        def embed(self, texts, deadline=None):  # type: ignore[no-untyped-def]
+            if len(self.calls) == 0:  # the honest upload arrives during the long claim
+                order.append("upload")
+                uploaded.append(_upload(db, honest, "the ferry leaves at nine"))
+            order.append("slice" if len(texts) > 1 else "honest")
+            return super().embed(texts, deadline)
+
+    emb = Recording()
+    flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
+    uploaded: list[str] = []
+    big = _upload(db, flood, " ".join(f"w{i}" for i in range(64 * 900)))  # ~1,000 chunks
+    settings = IngestSettings(lease_s=5, claim_batch=64)
+    worker = Worker(db, Pipeline(db, emb, settings), settings)
+    assert worker.run_once()
+    assert order[:4] == ["upload", "slice", "honest", "slice"]  # served after one slice
+    with db.read() as s:
+        assert s.get(IngestJob, uploaded[0]).state == "done"  # type: ignore[union-attr]
+        assert s.get(IngestJob, big).state == "done"  # type: ignore[union-attr]
+        rows = s.execute(select(Chunk.text, Chunk.embedding).where(
+            Chunk.document_id == s.get(IngestJob, big).document_id  # type: ignore[union-attr]
+        )).all()  # fmt: skip
+    texts = [r.text for r in rows]
+    stored = np.vstack([np.frombuffer(r.embedding, np.float32) for r in rows])
+    np.testing.assert_array_equal(stored, HashEmbedder().embed(texts))
