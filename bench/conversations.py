@@ -157,7 +157,8 @@ def rate(xs: list[bool]) -> float:
 
 def run_conversations(client: httpx.Client, h: dict[str, str], cids: dict[str, str],
                       convs: list[dict[str, Any]], gold: dict[str, str], s: Scores,
-                      needles: list[bytes]) -> list[str]:  # fmt: skip
+                      needles: list[bytes],
+                      dump: list[dict[str, Any]] | None = None) -> list[str]:  # fmt: skip
     """Each conversation stored and asked turn by turn; their ids (to delete)."""
     made = []
     for c in convs:
@@ -193,6 +194,15 @@ def run_conversations(client: httpx.Client, h: dict[str, str], cids: dict[str, s
                   holds(full_answer.answer, turn["answers"], turn["wrong"]))  # fmt: skip
             if not follow.error and follow.source != "refused":
                 s.add(s.ttft, "follow-up (conversation)", follow.ttft_ms)
+            if dump is not None:
+                dump.append({
+                    "set": c["set"], "history": [t["question"] for t in history],
+                    "question": q, "searched": follow.searched, "full": turn["full"],
+                    "answer": follow.answer, "source": follow.source,
+                    "full_answer": full_answer.answer, "gold_retrieved": want in rewritten,
+                    "correct": s.correct["follow-up in its conversation"][-1],
+                    "full_correct": s.correct["full question alone"][-1],
+                })  # fmt: skip
             # What the conversation alone holds: the full question was also asked outside it
             # (its answer is recorded apart, and kept), so a rewrite equal to it is not looked
             # for.
@@ -250,6 +260,7 @@ def main() -> None:
         help="also ask the bundled model to rewrite the stand-alone questions",
     )
     ap.add_argument("--keep", help="use (and keep) this data dir: a second run skips ingest")
+    ap.add_argument("--dump", help="write every follow-up's answers as JSON lines here")
     args = ap.parse_args()
     every = args.every or (2 if args.quick else 1)
     rows = [json.loads(line) for line in (HERE / "qa" / "followups.jsonl").open()]
@@ -266,6 +277,7 @@ def main() -> None:
     port = free_port()
     proc = start_server(data_dir, port, {"RAG_PURGE__INTERVAL_S": str(PURGE_S)})
     s = Scores()
+    dump: list[dict[str, Any]] | None = [] if args.dump else None
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
         wait_ready(client, proc, 600)
@@ -287,7 +299,7 @@ def main() -> None:
         cids = {"wiki": saved["wiki"], "company": saved["company"]}
         t = time.perf_counter()
         needles: list[bytes] = []
-        made = run_conversations(client, h, cids, convs, gold, s, needles)
+        made = run_conversations(client, h, cids, convs, gold, s, needles, dump)
         print(f"{len(convs)} conversations in {time.perf_counter() - t:.0f} s", flush=True)
         changed = run_standalone(client, h, cids, alone, gold, s, args.generator_rewrite)
         pairs = [(cids[c["set"]], m) for c, m in zip(convs, made, strict=True)]
@@ -296,6 +308,8 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
 
+    if args.dump and dump is not None:
+        Path(args.dump).write_text("".join(json.dumps(d) + "\n" for d in dump))
     n_follow = len(s.correct.get("follow-up in its conversation", []))
     print(f"\n{len(convs)} conversations ({n_follow} follow-ups), {len(alone)} stand-alone "
           f"questions (every {every}), default settings over HTTP\n")  # fmt: skip

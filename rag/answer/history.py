@@ -40,6 +40,7 @@ POSSESSIVE = frozenset("its his their hers theirs".split())
 _COPULA = frozenset("is was isn't wasn't be 's".split())
 _BE = frozenset("is are was were be been will would isn't aren't 's".split())
 _CLAUSE = frozenset("to that for whether if".split())
+_ARTICLES = frozenset("the a an his her its their our my your this that".split())
 _DUMMY_VERBS = frozenset("take takes took cost costs seem seems appear appears matter".split())
 # An opening that continues the previous question ("And for Stockholm?").
 _OPENING = re.compile(
@@ -157,13 +158,37 @@ def _resolve(question: str, previous: str, previous_answer: str) -> Resolved:
         if replaced is None:  # nothing named before to stand for them: search both
             return Resolved(_joined(rest, previous), "reference")
         return Resolved(replaced, "reference")
-    if continued and not names:  # "And when did the serialisation end?"
+    if continued and not names:  # "And who wrote the screenplay?": of what it named
+        named = [p[2] for p in _phrases(previous) if not _numeric(p[2])]
+        if named:
+            return Resolved(_attached(rest, named[-1]), "ellipsis")
         return Resolved(_joined(rest, previous), "ellipsis")
     if opening or (len(words) <= SHORT and not asking):
         if any(w.text.lower() in _WH for w in words):  # "In what year?": a new ask
             return Resolved(_joined(rest, previous), "ellipsis")
         return Resolved(_ellipsis(rest, previous), "ellipsis")
     return Resolved(question, "as_asked")
+
+
+def _attached(rest: str, name: str) -> str:
+    """A continued question about what the previous one named: "Who wrote the screenplay
+    of Psycho?"."""
+    head = rest.strip().rstrip("?").rstrip()
+    return f"{head[:1].upper()}{head[1:]} of {name}?"
+
+
+def _things(previous: str) -> list[str]:
+    """What the previous question named: its names (not numbers), else what a "who" question
+    asked about in lower case ("Who discovered palladium?": palladium)."""
+    named = [p[2] for p in _phrases(previous) if not _numeric(p[2])]
+    if named:
+        return named
+    words = _words(previous)
+    if len(words) >= 3 and words[0].text.lower() == "who" and words[1].text.lower() not in _BE:
+        obj = words[2:]
+        if len(obj) <= 4 and not any(w.text.lower() in _WH for w in obj):
+            return [previous[obj[0].start : obj[-1].end]]
+    return []
 
 
 def _joined(rest: str, previous: str) -> str:
@@ -194,7 +219,11 @@ def _refers(words: list[_Word], i: int) -> bool:
         return not ({at(i - 1), at(i + 1)} & _BE)
     if lower != "it":
         return True
-    if at(i - 1) in _COPULA and at(i + 2) in _CLAUSE:  # "is it possible to"
+    # "is it possible to bring", not "was it donated to MoMA" (a preposition before a name
+    # or an article).
+    after = words[i + 3] if i + 3 < len(words) else None
+    preposition = after is not None and (after.named or after.text.lower() in _ARTICLES)
+    if at(i - 1) in _COPULA and at(i + 2) in _CLAUSE and not preposition:
         return False
     if at(i + 1) in _COPULA and _CLAUSE & {at(i + 3), at(i + 4)}:  # "it is hard to"
         return False
@@ -222,7 +251,7 @@ def _replace_references(
 ) -> str | None:
     """Each kind of word that points back (a person, a thing, a place) replaced, at its first
     use, by what the previous turn named; None when it named nothing."""
-    things = [p[2] for p in _phrases(previous) if not _numeric(p[2])]
+    things = _things(previous)
     answered = [
         p[2]
         for p in _phrases(MARKER.sub(" ", previous_answer), question=False)
@@ -233,7 +262,7 @@ def _replace_references(
     ask = ask_of(previous)
     # A person is named in full ("Artemisia Gentileschi", not "Florence"): the previous
     # question's, else the one the answer to "who ..." named, else anything named.
-    full = [n for n in things if len(n.split()) > 1]
+    full = [p[2] for p in _phrases(previous) if not _numeric(p[2]) and len(p[2].split()) > 1]
     people = full or (new if ask is Ask.PERSON else []) or things or new
     places = (new if ask is Ask.PLACE else []) or things
     things = things or ([] if ask is Ask.PERSON else new)

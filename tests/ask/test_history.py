@@ -34,6 +34,18 @@ HOTEL = Turn("How much can I spend on a hotel in Munich?", "€160 a night [1]."
         ("And who published it?", [DUNE], "Who published Dune?", "reference"),
         ("How many people live there?", [Turn("Where was Frida Kahlo born?", "Coyoacán.")],
          "How many people live in Coyoacán?", "reference"),
+        # A continued question naming nothing is about what the previous one named.
+        ("And who wrote the screenplay?", [Turn("Whose novel was Psycho based on?")],
+         "Who wrote the screenplay of Psycho?", "ellipsis"),
+        # "to" before a name is a preposition, not "is it possible to".
+        ("When was it donated to MoMA?", [Turn("Who painted The Persistence of Memory?")],
+         "When was The Persistence of Memory donated to MoMA?", "reference"),
+        # A "who" question names in lower case what it asks about; "he" is who answered.
+        ("What did he name it after?",
+         [Turn("Who discovered osmium?", "Smithson Tennant discovered it. [1]")],
+         "What did Smithson Tennant name osmium after?", "reference"),
+        ("When was he born?", [Turn("Who invented the telephone?", "Alexander Graham Bell.")],
+         "When was Alexander Graham Bell born?", "reference"),
         # A third turn resolves through the second one's resolved question.
         ("Did it sell well?", [DUNE, Turn("When was it published?", "In 1965.")],
          "Did Dune sell well?", "reference"),
@@ -57,6 +69,7 @@ def test_follow_ups_are_made_stand_alone(
         "When did the Berlin Wall fall, and who ordered it opened?",
         "Is it possible to carry over unused leave to the next year?",
         "How long does it take to get reimbursed for travel?",
+        "Is it allowed to bring the dog to the office?",
         "Are there any fees for paying late?",
     ],
 )
