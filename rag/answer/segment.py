@@ -2,14 +2,17 @@
 
 Passages are split with sentencex (Wikimedia's rule-based segmenter, linear time): "novels by
 C. S. Lewis" and "produced by David O. Selznick" stay one sentence, as do "e.g." and "U.S.".
-A line break ends a sentence too (a heading, a table row or a list item is one), except where
-the next line starts in lower case after a line without closing punctuation: a sentence that
-a PDF's layout wrapped. The text is bounded
+A line break ends a sentence too (a heading, a table row or a list item is one), except after
+a line without closing punctuation where the next line starts in lower case, or where that
+line is long and the next is no list item or numbered heading: a sentence that a PDF's
+layout wrapped. The text is bounded
 before it is split (a chunk is bounded in tokens, not characters), and a "sentence" past
 MAX_SENTENCE_CHARS is cut at whitespace so that no later step sees an unbounded one.
 """
 
 from __future__ import annotations
+
+import re
 
 from sentencex import segment
 
@@ -18,6 +21,10 @@ Span = tuple[int, int]  # [start, end) in the text's characters
 # Longer passage texts are split only this far; the rest is one last piece, cut below.
 MAX_TEXT_CHARS = 20_000
 MAX_SENTENCE_CHARS = 600
+# A line at least this long that ends without punctuation was wrapped by a layout.
+WRAPPED_LINE_CHARS = 60
+# A list item or a numbered heading: "- ", "* ", "• ", "3. ", "4.3 ", "2) ".
+_LIST_ITEM = re.compile(r"[-*•]\s|\d{1,2}(?:\.\d{1,2}){0,3}[.)]?\s")
 
 
 def sentence_spans(text: str, language: str = "en") -> list[Span]:
@@ -59,10 +66,18 @@ def _blocks(text: str) -> list[str]:
 
 
 def _continues(block: str, line: str) -> bool:
-    """Whether `line` goes on with the sentence `block` ends with (a wrapped line)."""
+    """Whether `line` goes on with the sentence `block` ends with (a wrapped line): after a
+    line without closing punctuation, a line in lower case, or any line after a long one
+    (a layout's wrap: "all offices close at" / "13:00.") but a list item or a numbered
+    heading ("4.3 Sick leave")."""
     before = block.rstrip()
     after = line.lstrip()
-    return bool(before) and before[-1] not in ".!?:;|" and after[:1].islower()
+    if not before or before[-1] in ".!?:;|" or not after:
+        return False
+    if after[:1].islower():
+        return True
+    last = before.rsplit("\n", 1)[-1]
+    return len(last) >= WRAPPED_LINE_CHARS and before[-1].isalnum() and not _LIST_ITEM.match(after)
 
 
 def _bounded(text: str, start: int, end: int) -> list[Span]:

@@ -28,6 +28,8 @@ HEADING_MAX_WORDS = 8
 # A PDF table's cell: a short line; a run of at least this many is read as a table.
 CELL_MAX_WORDS = 5
 GRID_MIN_LINES = 6
+GRID_MAX_WIDTH = 6
+GRID_MIN_ROWS = 3  # rows of a table whose header is not in the passage
 _DIGIT = re.compile(r"\d")
 
 
@@ -208,30 +210,53 @@ def _pipe_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[
 
 
 def _grid_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
-    """A PDF table: a run of short lines, header cells first (no digits), then rows of as
-    many cells whose first names the row and whose others hold numbers."""
+    """A PDF table: a run of short lines, a cell a line, read as rows of the width whose rows
+    agree best. With a header (as many lines without digits as the width), then rows in
+    which each column keeps to holding a number or not ("Berlin", "up to 3 days", "Tuesday";
+    "3 to 4 years", "26 days"); or, where a chunk cut the header off, at least
+    GRID_MIN_ROWS such rows from the run's start, each named by a first cell without digits.
+    The reading that covers the most lines wins."""
     j = i
     while j < len(lines) and _short(lines[j].text):
         j += 1
     run = lines[i:j]
     if len(run) < GRID_MIN_LINES:
         return None
-    digit_at = next((n for n, line in enumerate(run) if _DIGIT.search(line.text)), None)
-    if digit_at is None or digit_at < 2:
+    best: tuple[int, int, int, list[list[Span]]] | None = None
+    for width in range(2, GRID_MAX_WIDTH + 1):
+        for header in (width, 0):
+            if header and any(_DIGIT.search(line.text) for line in run[:header]):
+                continue
+            rows = _grid_rows(run[header:], width, named=not header)
+            if len(rows) < (2 if header else GRID_MIN_ROWS):
+                continue
+            covered = header + len(rows) * width
+            if best is None or covered > best[0]:
+                best = (covered, width, header, rows)
+    if best is None:
         return None
-    width = digit_at - 1  # the header's cells; the line before the first number names a row
-    if width < 2:
-        return None
+    covered, width, header, rows = best
+    names = tuple(line.text for line in run[:header]) if header else ("",) * width
+    return names, rows, i + covered
+
+
+def _grid_rows(run: list[_Line], width: int, *, named: bool) -> list[list[Span]]:
+    """Rows of `width` cells from the start of `run` while each column keeps to the first
+    row's holding a number or not; a table of numbers: some cell past the first holds one.
+    `named`: the first cell holds no digit."""
+    pattern: tuple[bool, ...] | None = None
     rows = []
-    for r in range(width, len(run) - width + 1, width):
+    for r in range(0, len(run) - width + 1, width):
         row = run[r : r + width]
-        if _DIGIT.search(row[0].text) or not all(_DIGIT.search(c.text) for c in row[1:]):
+        shape = tuple(bool(_DIGIT.search(c.text)) for c in row)
+        if pattern is None:
+            if not any(shape[1:]) or (named and shape[0]):
+                return []
+            pattern = shape
+        elif shape != pattern:
             break
         rows.append([(c.start, c.end) for c in row])
-    if not rows:
-        return None
-    header = tuple(line.text for line in run[:width])
-    return header, rows, i + width + len(rows) * width
+    return rows
 
 
 def _short(line: str) -> bool:

@@ -17,6 +17,7 @@ from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.evidence import Ask, Choice, ask_of, choose
 from rag.answer.prompt import ONE
 from rag.answer.segment import sentence_spans
+from rag.answer.units import units
 from rag.engine import FinishReason, TokenEvent, Usage
 from tests.ask.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
@@ -607,3 +608,37 @@ def test_a_markdown_table_is_read_by_its_header() -> None:
              "| Starter | €19 | €23 |\n| Business | €49 | €59 |\n")  # fmt: skip
     choice = choose("What does the Business plan cost with monthly billing?", [P(plans)])
     assert choice is not None and choice.focus_text == "Business, Monthly billing: €59"
+
+
+def test_a_pdf_grid_is_read_whatever_its_columns_hold() -> None:
+    """A PDF's table comes a cell a line. Row labels that hold numbers ("3 to 4 years") and
+    columns of words ("Tuesday") are read as rows under the header too, and rows whose header
+    the chunk cut off still make rows."""
+    leave = ("Your annual leave entitlement grows with your length of service at Orvella.\n"
+             "Length of service\nAnnual leave\nLess than 3 years\n24 days\n3 to 4 years\n"
+             "26 days\n5 to 9 years\n28 days\n10 years or more\n30 days\n"
+             "Leave is requested in PeoplePort, the HR system everybody uses for it.")  # fmt: skip
+    choice = choose("How many days of annual leave do employees with 3 to 4 years of service "
+                    "get?", [P(leave)])  # fmt: skip
+    assert choice is not None and choice.focus_text == "3 to 4 years, Annual leave: 26 days"
+    offices = ("Office\nRemote days per week\nTeam office day\nBerlin\nup to 3 days\nTuesday\n"
+               "Hamburg\nup to 3 days\nWednesday\nMunich\nup to 2 days\nThursday\n")  # fmt: skip
+    choice = choose("Which day is the team office day in Hamburg?", [P(offices)])
+    assert choice is not None and choice.focus_text == "Hamburg, Team office day: Wednesday"
+    cut = "€46\nAmsterdam\n€190\n€50\nLisbon\n€140\n€35\nParis\n€200\n€52\n"
+    rows = [cut[u.span[0] : u.span[1]] for u in units(cut) if u.cells]
+    assert rows == ["Amsterdam\n€190\n€50", "Lisbon\n€140\n€35", "Paris\n€200\n€52"]
+
+
+def test_a_long_line_the_layout_wrapped_goes_on_before_a_number_or_a_capital() -> None:
+    text = ("On 24 December and 31 December all offices in every country close early at\n"
+            "13:00. The IT Service Desk can be reached at any time of the day on extension\n"
+            "4400.\n4.3 Sick leave\n- Tell your manager before ten o'clock on the first day of it\n"
+            "- Record it")  # fmt: skip
+    assert _pieces(text) == [
+        "On 24 December and 31 December all offices in every country close early at\n13:00.",
+        "The IT Service Desk can be reached at any time of the day on extension\n4400.",
+        "4.3 Sick leave",
+        "- Tell your manager before ten o'clock on the first day of it",
+        "- Record it",
+    ]
