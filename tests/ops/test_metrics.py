@@ -446,3 +446,36 @@ def test_a_burst_of_probes_runs_one_readiness_check(
         statuses = list(pool.map(lambda _: api.client.get("/readyz").status_code, range(8)))
     assert statuses == [200] * 8
     assert len(calls) == 1
+
+
+def test_readyz_keeps_an_index_being_caught_up_in_service(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: HashEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Under a flood of long searches the catch-up waits for the index; a search that gave up
+    waiting for it marks the index stale, and /readyz answered 503: one tenant's searches
+    took the replica out. An index a catch-up holds, or caught up within BEHIND_AFTER_S, is
+    ready; one nobody catches up, stale past that, is not."""
+    import time
+
+    from rag.api.routes.ops import BEHIND_AFTER_S
+
+    api = make_api(sqlite_url, hash_embedder, sections={"metrics": {"readyz_cache_s": 0}})
+    cid = api.collection(api.a)
+    item = api.upload_text(api.a, cid, "The ferry leaves from pier four at nine.")
+    api.wait_job(api.a, item["job_id"])
+    api.client.post(f"/v1/collections/{cid}/search", json={"query": "ferry"}, headers=api.a)
+    (_, live), = list(api.services.indexes.lives())  # fmt: skip
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("the change log is unreadable")
+
+    monkeypatch.setattr(api.services.indexes.source, "apply_changes", broken)
+    with live.lock:  # the catch-up loop holds it
+        live.stale = True
+        live.caught_up_at = time.monotonic() - 2 * BEHIND_AFTER_S
+        assert api.client.get("/readyz").status_code == 200
+    r = api.client.get("/readyz")  # nobody catches it up, and the last catch-up failed
+    assert r.status_code == 503 and r.json()["checks"]["indexes"]["stale"] == 1
+    live.caught_up_at = time.monotonic()  # it failed just now: still within the bound
+    assert api.client.get("/readyz").status_code == 200

@@ -125,11 +125,18 @@ def _indexes(services: Services) -> dict[str, Any]:
         state = live.state()
         if state.building:
             rebuilding += 1  # the index it replaces serves meanwhile
-        elif state.stale:
-            stale += 1
-        elif not live.lock.locked() and (
-            state.caught_up_s_ago is None or state.caught_up_s_ago > BEHIND_AFTER_S
+            continue
+        # A catch-up holds the index (applying changes, or waiting behind long searches):
+        # a search that gave up waiting for it marked the index stale, but it serves and is
+        # being caught up. Only an index nobody is catching up, with no catch-up finished
+        # for BEHIND_AFTER_S, is not ready (stale: the last one failed).
+        if live.lock.locked() or (
+            state.caught_up_s_ago is not None and state.caught_up_s_ago <= BEHIND_AFTER_S
         ):
+            continue
+        if state.stale:
+            stale += 1
+        else:
             behind += 1
     out: dict[str, Any] = {"ok": not (stale or behind), "open": len(lives)}
     for name, count in (("rebuilding", rebuilding), ("stale", stale), ("behind", behind)):
