@@ -14,6 +14,9 @@ sharing the cores, whatever the order of the lines. A request is refused at once
 Retry-After, before it waits or does anything) when `queue` requests already wait, or its
 own tenant's line holds `tenant_queue`.
 
+A request that waits in its line longer than `wait_s` is refused the same way: a tenant
+whose own backlog outlasts a client's patience gets an answer, not a connection that hangs.
+
 Long-poll waiters are counted too: each holds a connection and polls the database, so there
 are at most `max_long_polls` at once.
 """
@@ -50,9 +53,10 @@ class Pool:
 
     def __init__(
         self, name: str, threads: int, queue: int, tenant_queue: int,
-        tenant_threads: int | None = None,
+        tenant_threads: int | None = None, wait_s: float = 30.0,
     ) -> None:  # fmt: skip
         self.name = name
+        self.wait_s = wait_s
         self.threads = threads
         self.queue = queue
         self.tenant_queue = tenant_queue
@@ -103,12 +107,19 @@ class Pool:
         line.append(turn)
         self.waiting += 1
         try:
-            await turn  # granted by _release, with the slot already counted as busy
-        except BaseException:
+            # Granted by _release, with the slot already counted as busy.
+            await asyncio.wait_for(asyncio.shield(turn), self.wait_s)
+        except BaseException as exc:
             if turn.done() and not turn.cancelled():
                 self._release(tenant)  # granted, then cancelled before it ran: pass it on
             else:
+                turn.cancel()
                 self._forget(tenant, turn)
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"waited {self.wait_s:.0f} s for {self.name} threads; try again shortly",
+                    retry_after_s=1.0,
+                ) from None
             raise
 
     def _release(self, tenant: str | None) -> None:

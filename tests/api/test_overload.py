@@ -381,3 +381,38 @@ def test_asks_retrieve_on_the_search_threads_in_their_tenants_line(
         statuses = sorted(f.result(30) for f in floods)
     assert statuses == [200, 200, 200, 429, 429, 429], statuses
     assert pools.search.busy == 0 and pools.search.waiting == 0
+
+
+def test_a_request_that_waits_too_long_in_its_line_is_refused() -> None:
+    """A tenant's own backlog (64 connections of long searches) kept its requests waiting
+    past its clients' patience: they had no answer at all. Past `wait_s` in line a request
+    is refused (429), and the line moves on without it."""
+    from rag.api.pools import Pool, current_tenant
+    from rag.errors import Overloaded
+
+    gate = threading.Event()
+
+    async def scenario() -> list[str]:
+        pool = Pool("search", threads=1, queue=10, tenant_queue=5, wait_s=0.2)
+
+        async def submit(tenant: str) -> str:
+            current_tenant.set(tenant)
+            try:
+                await pool.run(gate.wait, 10)
+                return "ok"
+            except Overloaded as exc:
+                assert "waited" in str(exc)
+                return "429"
+
+        first = asyncio.create_task(submit("a"))
+        await asyncio.sleep(0.05)
+        waited = await submit("a")  # behind the first, longer than wait_s
+        assert waited == "429" and pool.waiting == 0
+        later = asyncio.create_task(submit("b"))
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = [await first, await later]
+        assert pool.busy == 0 and pool.waiting == 0 and not pool._running
+        return results
+
+    assert asyncio.run(scenario()) == ["ok", "ok"]
