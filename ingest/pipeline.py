@@ -49,6 +49,10 @@ IN_PROCESS_TYPES = {"text/plain"}
 SLICE = 256
 
 
+def _nothing() -> None:
+    pass
+
+
 class PermanentFailure(Exception):
     """Retrying cannot help (bad file, wrong model): the job ends `failed` at once."""
 
@@ -134,7 +138,7 @@ class Pipeline:
         return parsed.text
 
     def embed(
-        self, batch: list[Chunked], pause: Callable[[], None] = lambda: None
+        self, batch: list[Chunked], pause: Callable[[], None] = _nothing
     ) -> list[npt.NDArray[np.float32]]:
         """The chunks of several jobs, longest first in slices of `SLICE` (one encode call
         each, `pause()` between them), split back per job."""
@@ -189,10 +193,6 @@ class Pipeline:
         )
         log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
         return state
-
-
-def _nothing() -> None:
-    pass
 
 
 def _raise(exc: BaseException) -> NoReturn:

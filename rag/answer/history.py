@@ -159,7 +159,7 @@ def _resolve(question: str, previous: str, previous_answer: str) -> Resolved:
             return Resolved(_joined(rest, previous), "reference")
         return Resolved(replaced, "reference")
     if continued and not names:  # "And who wrote the screenplay?": of what it named
-        named = [p[2] for p in _phrases(previous) if not _numeric(p[2])]
+        named = _named(previous)
         if named:
             return Resolved(_attached(rest, named[-1]), "ellipsis")
         return Resolved(_joined(rest, previous), "ellipsis")
@@ -177,12 +177,14 @@ def _attached(rest: str, name: str) -> str:
     return f"{head[:1].upper()}{head[1:]} of {name}?"
 
 
-def _things(previous: str) -> list[str]:
-    """What the previous question named: its names (not numbers), else what a "who" question
-    asked about in lower case ("Who discovered palladium?": palladium)."""
-    named = [p[2] for p in _phrases(previous) if not _numeric(p[2])]
-    if named:
-        return named
+def _named(text: str) -> list[str]:
+    """The names (not numbers) a question holds, in order."""
+    return [p[2] for p in _phrases(text) if not _numeric(p[2])]
+
+
+def _who_object(previous: str) -> list[str]:
+    """What a "who" question that names nothing asked about, in lower case ("Who discovered
+    palladium?": palladium)."""
     words = _words(previous)
     if len(words) >= 3 and words[0].text.lower() == "who" and words[1].text.lower() not in _BE:
         obj = words[2:]
@@ -251,7 +253,8 @@ def _replace_references(
 ) -> str | None:
     """Each kind of word that points back (a person, a thing, a place) replaced, at its first
     use, by what the previous turn named; None when it named nothing."""
-    things = _things(previous)
+    named = _named(previous)
+    things = named or _who_object(previous)
     answered = [
         p[2]
         for p in _phrases(MARKER.sub(" ", previous_answer), question=False)
@@ -262,7 +265,7 @@ def _replace_references(
     ask = ask_of(previous)
     # A person is named in full ("Artemisia Gentileschi", not "Florence"): the previous
     # question's, else the one the answer to "who ..." named, else anything named.
-    full = [p[2] for p in _phrases(previous) if not _numeric(p[2]) and len(p[2].split()) > 1]
+    full = [n for n in named if len(n.split()) > 1]
     people = full or (new if ask is Ask.PERSON else []) or things or new
     places = (new if ask is Ask.PLACE else []) or things
     things = things or ([] if ask is Ask.PERSON else new)

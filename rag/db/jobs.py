@@ -124,13 +124,7 @@ def claim_many(
             )
         return [
             ClaimedJob(
-                j.id,
-                j.document_id,
-                j.collection_id,
-                j.attempts,
-                j.max_attempts,
-                owner,
-                j.tenant_id,
+                j.id, j.document_id, j.collection_id, j.attempts, j.max_attempts, owner, j.tenant_id
             )  # fmt: skip
             for j in taken
         ]
