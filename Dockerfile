@@ -9,7 +9,7 @@
 # without ninja torch refuses to load them and the engine falls back to its slower torch
 # path); ninja is a build tool, not a compiler. The kernels are built with -march=native, so
 # build the image on (a machine like) the one that runs it; on another CPU set
-# RAG_ENGINE__CPU_ATTENTION_KERNEL=false.
+# RAG_ENGINE__ADVANCED__CPU_ATTENTION_KERNEL=false.
 
 FROM python:3.11-slim AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1 \

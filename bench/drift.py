@@ -23,7 +23,7 @@ topics alerts and one of 30 from mix A does not): the same test on document vect
 
 Unanswered topics: 60 questions about Python and Perl (docfaq's FAQ questions; no document
 of the collection covers them) mixed into 2,000 stream questions; a question is weak when its
-best cosine against the collection's passages (mix A's texts) is under quality.weak_score,
+best cosine against the collection's passages (mix A's texts) is under quality.advanced.weak_score,
 as the ask path marks it. FIGURE unanswered_topic_recall: the share of the 60 in the top
 topic shown; unanswered_topic_purity: the share of that topic that are among the 60.
 
@@ -118,7 +118,7 @@ def run_stream(
         s.add(Collection(id="c", tenant_id="t", name="c", embedding_model="minilm",
                          embedding_dim=384, chunk_tokens=200, chunk_overlap=32))  # fmt: skip
     watch = Watch(db, settings)
-    every = settings.drift.check_every
+    every = settings.drift.advanced.check_every
     onsets, alerting = [], False
     t0 = time.time() - len(vectors)
     for start in range(0, len(vectors), every):
@@ -186,7 +186,8 @@ def end_to_end(texts: dict[str, list[str]], rng: np.random.Generator) -> dict[st
             auth={"admin_key": admin},
             engine={"load_at_start": False},
             quality={"interval_s": 1.0,
-                     "drift": {"reference_size": 100, "window": 100, "check_every": 50}},
+                     "drift": {"reference_size": 100, "window": 100,
+                               "advanced": {"check_every": 50}}},
         )  # fmt: skip
         services = build_services(settings, announce_admin_key=False)
         key, _ = create_key(services.db, "bench")
@@ -244,9 +245,10 @@ def main() -> None:
     a, b = mix(names, MIX_A), mix(names, MIX_B)
     settings = QualitySettings()
     cfg = settings.drift
+    test = cfg.advanced
     print(f"settings: reference {cfg.reference_size}, window {cfg.window}, every "
-          f"{cfg.check_every}, permutations {cfg.permutations}, alpha {cfg.alpha}, "
-          f"consecutive {cfg.consecutive}")  # fmt: skip
+          f"{test.check_every}, permutations {test.permutations}, alpha {test.alpha}, "
+          f"consecutive {test.consecutive}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         stationary = stream(vecs, a, n, rng)
@@ -278,7 +280,7 @@ def main() -> None:
     def content(new: dict[str, list[bytes]]) -> bool:
         test = mmd_test(
             _document_means(ref_docs), _document_means(new),
-            permutations=cfg.permutations, alpha=cfg.alpha, seed=1,
+            permutations=cfg.advanced.permutations, alpha=cfg.advanced.alpha, seed=1,
         )  # fmt: skip
         return test.exceeded
 
@@ -293,10 +295,12 @@ def main() -> None:
     top = (asked @ collection.T).max(axis=1)
     # The question's own text is in the pool the collection is made of: leave it out.
     top[:2000] = np.sort(asked[:2000] @ collection.T, axis=1)[:, -2]
-    weak = np.flatnonzero(top < settings.weak_score)
+    weak = np.flatnonzero(top < settings.advanced.weak_score)
     rows = [Asked(f"q{i}", float(i), asked[i].astype("<f4").tobytes(), float(top[i]), True)
             for i in weak]  # fmt: skip
-    found = topics(rows, {}, distance=settings.topic_distance, weak_score=settings.weak_score)
+    found = topics(
+        rows, {}, distance=settings.advanced.topic_distance, weak_score=settings.advanced.weak_score
+    )
     members = {int(m[1:]) for m in found[0].members} if found else set()
     target = set(range(2000, 2060))
     recall = len(members & target) / 60

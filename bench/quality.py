@@ -35,7 +35,6 @@ embed_query_p99_ms (the shipped format, 2 threads) and FIGURE embed_query_p99_ms
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import platform
@@ -107,13 +106,10 @@ def insert_passages(
     batch: int = 1000,
 ) -> tuple[str, str, str]:
     """A collection holding one document (metadata `_id` = corpus id) and one chunk per
-    passage, with change-log rows so the index builds from SQL as usual. Returns
-    (API key, tenant id, collection id)."""
-    from sqlalchemy import insert, select
-
+    passage, written as the worker writes them, so the index builds from SQL as usual.
+    Returns (API key, tenant id, collection id)."""
     from rag.auth import create_key
-    from rag.db import collections
-    from rag.db.models import Blob, ChangeLog, Chunk, Document, new_id, now
+    from rag.db import collections, seed
 
     embedder = services.embedder
     key, tenant_id = create_key(services.db, tenant_name)
@@ -132,71 +128,19 @@ def insert_passages(
             search_defaults={},
         ).id
     for start in range(0, len(ids), batch):
-        stop = min(start + batch, len(ids))
-        t = now()
-        blobs, docs, chunks, doc_ids = [], [], [], []
-        for i in range(start, stop):
-            # The corpus id in the bytes: two passages with the same text stay two documents.
-            data = f"{ids[i]}\n\n{texts[i]}".encode()
-            sha = hashlib.sha256(data).hexdigest()
-            doc_id = new_id()
-            doc_ids.append(doc_id)
-            blobs.append(
-                {
-                    "tenant_id": tenant_id,
-                    "sha256": sha,
-                    "size": len(data),
-                    "data": data,
-                    "created_at": t,
-                }
+        docs = [
+            seed.SeedDocument(
+                filename=f"{ids[i]}.txt",
+                # The corpus id in the bytes: two passages with the same text stay two documents.
+                data=f"{ids[i]}\n\n{texts[i]}".encode(),
+                text=texts[i],
+                chunks=[seed.one_chunk(texts[i])],
+                vectors=vectors[i : i + 1],
+                meta={"_id": ids[i]},
             )
-            docs.append(
-                {
-                    "id": doc_id,
-                    "tenant_id": tenant_id,
-                    "collection_id": cid,
-                    "filename": f"{ids[i]}.txt",
-                    "media_type": "text/plain",
-                    "sha256": sha,
-                    "size": len(data),
-                    "status": "indexed",
-                    "meta": {"_id": ids[i]},
-                    "text": texts[i],
-                    "chunk_count": 1,
-                    "created_at": t,
-                    "updated_at": t,
-                    "indexed_at": t,
-                }
-            )
-            chunks.append(
-                {
-                    "uid": f"{doc_id}:0",
-                    "document_id": doc_id,
-                    "collection_id": cid,
-                    "tenant_id": tenant_id,
-                    "ordinal": 0,
-                    "text": texts[i],
-                    "start_char": 0,
-                    "end_char": len(texts[i]),
-                    "token_count": len(texts[i].split()),
-                    "embedding": vectors[i].astype("<f4").tobytes(),
-                    "embedding_model": embedder.model_id,
-                }
-            )
-        with services.db.write() as session:
-            session.execute(insert(Blob), blobs)
-            session.execute(insert(Document), docs)
-            session.execute(insert(Chunk), chunks)
-            rows = session.execute(
-                select(Chunk.id, Chunk.document_id).where(Chunk.document_id.in_(doc_ids))
-            ).all()
-            session.execute(
-                insert(ChangeLog),
-                [
-                    {"collection_id": cid, "op": "add", "chunk_id": c, "document_id": d}
-                    for c, d in rows
-                ],
-            )
+            for i in range(start, min(start + batch, len(ids)))
+        ]
+        seed.documents(services.db, cid, docs, embedder.model_id)
     return key, tenant_id, cid
 
 

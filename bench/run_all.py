@@ -1,14 +1,19 @@
-"""Run every benchmark in bench/ and rewrite bench/README.md's generated sections.
+"""Run every benchmark in bench/ and rewrite its generated sections.
 
     python bench/run_all.py [--quick | --full] [--only NAME ...] [--timeout S] [--dry-run]
 
 Each other script `bench/NAME.py` (not starting with "_") runs with `--quick` (default) or at
 full size (`--full`: no flag, each script's own default). Its output streams through to the
 terminal; its `FIGURE name value` lines and its markdown (headings and tables) are kept and
-written between `<!-- bench:begin NAME -->` and `<!-- bench:end NAME -->` in bench/README.md,
-with the date, the machine and the command. Everything outside the markers is hand-written
-and left as it is; a script with no markers yet gets a new section at the end. A script that
-fails keeps its previous section, marked as failed, and run_all exits non-zero at the end.
+written between `<!-- bench:begin NAME -->` and `<!-- bench:end NAME -->` in bench/RESULTS.md,
+with the date, the machine (the CPU's model name and vector extensions) and the command.
+Everything outside the markers is left as it is; a script with no markers yet gets a new
+section at the end. A script that fails keeps its previous section, marked as failed, and
+run_all exits non-zero at the end. After each script, the `figures` section of bench/README.md
+is rebuilt from RESULTS.md: every script's FIGURE values, one row each, with its run's date.
+
+Not run one by one: generate.py (the engine_*.py scripts together, for `rag bench-engine`),
+and gpu_check.py where there is no CUDA device (its section is kept).
 """
 
 from __future__ import annotations
@@ -26,8 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "RESULTS.md"
 README = BENCH / "README.md"
-FIGURE = re.compile(r"^FIGURE\s+(\S+)\s+(\S+)\s*$")
+# A figure's name and value; words after the value (a standard error) stay in the output only.
+FIGURE = re.compile(r"^FIGURE\s+(\S+)\s+(\S+)(\s.*)?$")
+FIGURE_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \|$", re.MULTILINE)
+NOT_RUN = ("run_all.py", "generate.py")
+GPU_ONLY = ("gpu_check",)
 
 
 @dataclass
@@ -44,7 +54,7 @@ def scripts(folder: Path, only: list[str] | None) -> list[Path]:
     found = [
         p
         for p in sorted(folder.glob("*.py"))
-        if not p.name.startswith("_") and p.name != "run_all.py"
+        if not p.name.startswith("_") and p.name not in NOT_RUN
     ]
     if only:
         missing = set(only) - {p.stem for p in found}
@@ -111,15 +121,37 @@ def run_script(path: Path, full: bool, timeout: float | None) -> Run:
     return run
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_kind() -> str:
+    """lscpu's model name, and the vector extensions the engine's kernels choose by (the
+    figures of a CPU without them are not those of one with them)."""
+    name, flags = platform.processor() or platform.machine(), set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model name":
+                name = value.strip()
+            elif key.strip() == "Flags":
+                flags = set(value.split())
+    except (OSError, subprocess.CalledProcessError):
         pass
+    named = [("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512_vnni", "AVX512-VNNI")]
+    have = [label for flag, label in named if flag in flags]
+    if not have and "avx2" in flags:
+        have = ["AVX2 only"]
+    return f"{name} ({', '.join(have)})" if have else name
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def machine() -> str:
     gpu = "no GPU"
     try:
         import torch
@@ -129,8 +161,8 @@ def machine() -> str:
     except Exception:
         pass
     return (
-        f"{cpu}, {os.cpu_count()} logical CPUs, {gpu}; {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}"
+        f"{cpu_kind()}, {os.cpu_count()} logical CPUs, {gpu}; "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
     )
 
 
@@ -174,6 +206,56 @@ def previous_body(readme: str, name: str) -> str | None:
     return "\n".join(kept)
 
 
+def section_body(text: str, name: str) -> str | None:
+    begin, end = f"<!-- bench:begin {name} -->", f"<!-- bench:end {name} -->"
+    m = re.search(re.escape(begin) + r"\n(.*?)\n?" + re.escape(end), text, re.DOTALL)
+    return None if m is None else m.group(1)
+
+
+def run_of(body: str) -> tuple[str, str]:
+    """(how and when a section was run, on which CPU) from its stamp lines."""
+    stamp = next((x for x in body.splitlines() if x.startswith("_Generated")), "")
+    date = re.search(r"\d{4}-\d{2}-\d{2}", stamp)
+    how = "--quick" if "--quick" in stamp else "full size"
+    if "**Last run failed" in body:
+        how += ", last run failed"
+    where = next((x for x in body.splitlines() if x.startswith("_Machine: ")), "")
+    cpu = re.sub(r", \d+ logical CPUs.*|\._?$", "", where.removeprefix("_Machine: "))
+    return (f"{how}, {date.group(0)}" if date else how), cpu
+
+
+def figures_table(results: str, names: list[str], cpu: str) -> str:
+    """Every script's FIGURE values from the results file, one row each."""
+    lines = [
+        f"_Rebuilt by `bench/run_all.py` from [RESULTS.md](RESULTS.md), where each script's "
+        f"tables are. CPU kind: {cpu}; a run on another CPU names it._",
+        "",
+        "| script | run | figure | value |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        body = section_body(results, name)
+        if body is None:
+            lines.append(f"| `{name}` | not run yet | | |")
+            continue
+        when, where = run_of(body)
+        if where and where != cpu:
+            when += f", {where}"
+        link = f"[{name}](RESULTS.md#{name})"
+        found = FIGURE_ROW.findall(body) or [("(tables only)", "")]
+        for i, (figure, value) in enumerate(found):
+            label = f"`{figure}`" if value else figure
+            lines.append(
+                f"| {link if i == 0 else ''} | {when if i == 0 else ''} | {label} | {value} |"
+            )
+    return "\n".join(lines)
+
+
+def write_figures(readme: Path, results: str, names: list[str], cpu: str) -> None:
+    text = readme.read_text() if readme.exists() else "# Benchmarks\n"
+    readme.write_text(rewrite(text, "figures", figures_table(results, names, cpu)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -183,28 +265,48 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--full", action="store_true", help="each script at full size")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="just these scripts")
     parser.add_argument("--timeout", type=float, help="seconds per script before it is killed")
-    parser.add_argument("--readme", default=str(README), help="the README to rewrite")
+    parser.add_argument(
+        "--results",
+        "--readme",
+        dest="results",
+        default=str(RESULTS),
+        help="the markdown file whose sections are rewritten (--readme: its earlier name)",
+    )
+    parser.add_argument(
+        "--figures",
+        help="the file whose `figures` section is rebuilt from the results "
+        "(default: bench/README.md when --results is bench/RESULTS.md)",
+    )
     parser.add_argument("--dir", default=str(BENCH), help="where the scripts are")
-    parser.add_argument("--dry-run", action="store_true", help="print the README, do not write")
+    parser.add_argument("--dry-run", action="store_true", help="print the sections, do not write")
     args = parser.parse_args(argv)
 
-    readme_path = Path(args.readme)
+    results_path = Path(args.results)
+    figures_path = Path(args.figures) if args.figures else None
+    if figures_path is None and results_path.resolve() == RESULTS:
+        figures_path = README
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    where = machine()
+    where, cpu = machine(), cpu_kind()
+    every = [p.stem for p in scripts(Path(args.dir), None)]
     failed = []
     for path in scripts(Path(args.dir), args.only):
+        if path.stem in GPU_ONLY and not has_cuda():
+            print(f"\n=== {path.name}: skipped, no CUDA device here (its section is kept)")
+            continue
         run = run_script(path, args.full, args.timeout)
-        text = readme_path.read_text() if readme_path.exists() else "# Benchmarks\n"
+        text = results_path.read_text() if results_path.exists() else "# Benchmark results\n"
         body = section(run, stamp, where, previous_body(text, run.name))
         text = rewrite(text, run.name, body)
         if args.dry_run:
-            print(f"\n--- {readme_path} section {run.name} ---\n{body}")
+            print(f"\n--- {results_path} section {run.name} ---\n{body}")
         else:
             # Written after each script, so a long run that is stopped keeps what it measured.
-            readme_path.write_text(text)
+            results_path.write_text(text)
+            if figures_path is not None:
+                write_figures(figures_path, text, every, cpu)
         if run.returncode != 0:
             failed.append(run.name)
-    print(f"\n{readme_path}: {'dry run, not written' if args.dry_run else 'rewritten'}")
+    print(f"\n{results_path}: {'dry run, not written' if args.dry_run else 'rewritten'}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -54,7 +54,7 @@ from bench._data import (  # noqa: E402
     table,
     time_each,
 )
-from bench.search import Server, load_collection  # noqa: E402
+from bench._search_http import Server, load_collection  # noqa: E402
 
 log = logging.getLogger("bench.scale")
 K = 10

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from ingest.parse import DEFAULT_PARSE_FN, ParsedText, ParseFn, ParseLimits, Section, too_long
 from rag.errors import ParseError, RagError
-from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF
+from rag.upload import formats
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def parse_isolated(
 ) -> ParsedText:
     """`parse` in a child interpreter under the time and memory limits.
 
-    `parse_fn` ("module:function") is what the child runs; tests point it at `ingest._testing`.
+    `parse_fn` ("module:function") is what the child runs; tests point it at
+    `tests.support.parsers`.
     """
     header = {"media_type": media_type, "limits": asdict(limits), "parse_fn": parse_fn}
     root = str(Path(__file__).resolve().parent.parent)
@@ -142,7 +143,7 @@ def _child_main() -> None:
 def _run_child(header: dict[str, Any], data: bytes) -> dict[str, object]:
     limits = ParseLimits(**header["limits"])
     try:
-        parse_fn = _load(header["parse_fn"])
+        parse_fn: ParseFn = formats.load(header["parse_fn"])
         _preload(header["media_type"])
         _limit_resources(limits)
         result = parse_fn(data, header["media_type"], limits)
@@ -159,16 +160,14 @@ def _run_child(header: dict[str, Any], data: bytes) -> dict[str, object]:
         return {"ok": False, "error": f"the parser failed ({type(exc).__name__})"}
 
 
-def _load(dotted: str) -> ParseFn:
-    module_name, _, name = dotted.partition(":")
-    fn: ParseFn = getattr(importlib.import_module(module_name), name)
-    return fn
-
-
 def _preload(media_type: str) -> None:
-    """Import the parser's libraries before the memory limit, so the limit is for the parse."""
-    modules = {HTML: ["bs4"], PDF: ["pypdf"], DOCX: ["docx"], MARKDOWN: ["markdown_it"]}
-    for name in modules.get(media_type, []):
+    """Import the format's parser and its libraries before the memory limit, so the limit is
+    for the parse."""
+    fmt = formats.by_media_type(media_type)
+    if fmt is None:
+        return  # `parse` refuses it
+    formats.load(fmt.parser)
+    for name in fmt.preload:
         importlib.import_module(name)
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rag.errors import ParseError, UnsupportedMediaType
-from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, decode_text
+from rag.upload import formats
+from rag.upload.detect import decode_text
 
 if TYPE_CHECKING:
     from docx.table import Table
@@ -78,17 +79,12 @@ ParseFn = Callable[[bytes, str, ParseLimits], ParsedText]
 
 
 def parse(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
-    """Extract the text of a document in this process. Raises ParseError for bad files."""
-    parsers: dict[str, ParseFn] = {
-        TEXT: _parse_text,
-        MARKDOWN: _parse_markdown,
-        HTML: _parse_html,
-        PDF: _parse_pdf,
-        DOCX: _parse_docx,
-    }
-    parser = parsers.get(media_type)
-    if parser is None:
+    """Extract the text of a document in this process with its format's parser (one of the
+    `parse_*` below, named in `rag.upload.formats`). Raises ParseError for bad files."""
+    fmt = formats.by_media_type(media_type)
+    if fmt is None:
         raise UnsupportedMediaType(f"no parser for media type {media_type!r}")
+    parser: ParseFn = formats.load(fmt.parser)
     result = parser(data, media_type, limits)
     if not result.text.strip():
         raise ParseError("no text found in the document")
@@ -162,11 +158,11 @@ def _decode(data: bytes, max_chars: int) -> str:
 # --- plain text and markdown: the source is the text ----------------------------------------
 
 
-def _parse_text(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+def parse_text(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     return ParsedText(_decode(data, limits.max_text_chars), media_type)
 
 
-def _parse_markdown(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+def parse_markdown(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     from markdown_it import MarkdownIt
 
     text = _decode(data, limits.max_text_chars)
@@ -198,7 +194,7 @@ _DOCTYPE_SUBSET_OPEN = re.compile(
 _DOCTYPE_SUBSET_CLOSE = re.compile(r"\][ \t\r\n]{0,100}>")
 
 
-def _parse_html(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+def parse_html(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     from bs4 import BeautifulSoup, NavigableString
 
     # html.parser never reads a DTD, so entity declarations (billion laughs) stay inert text.
@@ -237,7 +233,7 @@ def _drop_internal_subset(text: str) -> str:
 # --- pdf -----------------------------------------------------------------------------------
 
 
-def _parse_pdf(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+def parse_pdf(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     # pypdf caps each decoded stream (75 MB) and the page tree itself; the page limit, the
     # child's memory limit and its timeout bound everything else.
     from pypdf import PdfReader
@@ -271,7 +267,7 @@ def _parse_pdf(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
 # --- docx ----------------------------------------------------------------------------------
 
 
-def _parse_docx(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
+def parse_docx(data: bytes, media_type: str, limits: ParseLimits) -> ParsedText:
     _check_docx_zip(data, limits)
     import docx
     from docx.table import Table

@@ -1,24 +1,25 @@
 """A batch of claimed jobs, top to bottom: load → parse → chunk (each job on its own) →
 embed (one call for the whole batch) → write (one transaction, each job fenced on its lease).
 
-One job's problem fails that job alone: the worker's `guard` runs each job's step and turns
-its failure into a retry or a permanent failure (rag.db.jobs), while the rest of the batch
-goes on. Embedding the chunks of up to `claim_batch` jobs together is what keeps ingest near
-the model's bare encode speed.
+One job's problem fails that job alone: each job's step runs in `_step`, which turns its
+failure into a retry or a permanent failure (rag.db.jobs), while the rest of the batch goes
+on. Embedding the chunks of up to `claim_batch` jobs together is what keeps ingest near the
+model's bare encode speed.
 
 A claim is bounded in bytes, not in the model's work: a megabyte of `[` is a million tokens.
 So the batch is embedded in slices of `SLICE` chunks (sorted by length first, so slices pad
 as little as one call would), and between jobs' parses and between slices the pipeline calls
-`pause`, where the worker serves the other tenants waiting (ingest.worker).
+the claim's `pause`, where the worker serves the other tenants waiting (ingest.worker).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,24 +28,16 @@ from ingest.chunk import chunk_text
 from ingest.isolate import parse_isolated
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
-from rag.db import Database, ingested, jobs
+from rag.db import Database, ingested, jobs, transient
 from rag.db.ingested import ChunkRow
-from rag.db.jobs import ClaimedJob
+from rag.db.jobs import ClaimedJob, LeaseLost
 from rag.embed import Embedder, split_rows
 from rag.errors import ParseError, UnsupportedMediaType
+from rag.upload import formats
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Runs one job's step; its failure fails (or retries) that job alone, and gives None.
-Guard = Callable[[ClaimedJob, Callable[[], T]], T | None]
-# A job's lease check: raises LeaseLost once another worker owns it.
-StillOurs = Callable[[ClaimedJob], Callable[[], None]]
-
-# Plain text needs no sandbox: decoding is bounded by the upload size limit. Markdown does:
-# its parser runs ~12 s a MB on hostile input (runs of `[`), in the API's own process when
-# the worker is in-process, so it gets the child's time and memory limits like the others.
-IN_PROCESS_TYPES = {"text/plain"}
 # Chunks embedded between two pauses.
 SLICE = 256
 
@@ -55,6 +48,20 @@ def _nothing() -> None:
 
 class PermanentFailure(Exception):
     """Retrying cannot help (bad file, wrong model): the job ends `failed` at once."""
+
+
+class Claim(Protocol):
+    """A batch of jobs as the worker holds it: their leases kept alive while it is processed
+    (ingest.worker)."""
+
+    @property
+    def jobs(self) -> list[ClaimedJob]: ...
+
+    def still_ours(self, job: ClaimedJob) -> None:
+        """Raise LeaseLost once another worker owns the job."""
+
+    def pause(self) -> None:
+        """A point where the worker may run other tenants' jobs first."""
 
 
 @dataclass(frozen=True)
@@ -72,22 +79,15 @@ class Pipeline:
         self.settings = settings
         self.limits = ParseLimits.from_settings(settings)
 
-    def run(
-        self,
-        held: list[ClaimedJob],
-        guard: Guard,
-        still_ours: StillOurs,
-        pause: Callable[[], None] | None = None,
-    ) -> None:
-        """Process a claimed batch; `pause()` between jobs' parses and embedded slices."""
-        pause = pause or _nothing
+    def run(self, claim: Claim) -> None:
+        """Process a claimed batch; `claim.pause()` between jobs' parses and embedded slices."""
         ready: list[tuple[ClaimedJob, Chunked]] = []
-        for job in held:
+        for job in claim.jobs:
             log.info("job %s: attempt %d of %d", job.id, job.attempt, job.max_attempts)
-            chunked = guard(job, partial(self.chunk, job, still_ours(job)))
+            chunked = self._step(job, partial(self.chunk, job, partial(claim.still_ours, job)))
             if chunked is not None:
                 ready.append((job, chunked))
-            pause()
+            claim.pause()
         if not ready:
             return
         try:
@@ -95,13 +95,13 @@ class Pipeline:
         except Exception:  # only what the documents show meanwhile: the write sets the rest
             log.warning("could not mark %d jobs embedding", len(ready), exc_info=True)
         try:
-            vectors = self.embed([c for _, c in ready], pause)
+            vectors = self.embed([c for _, c in ready], claim.pause)
         except Exception as exc:
             log.exception("embedding failed for %d jobs", len(ready))
             for job, _ in ready:
-                guard(job, partial(_raise, exc))
+                self._step(job, partial(_raise, exc))
             return
-        self.write(ready, vectors, guard, still_ours)
+        self.write(ready, vectors, claim)
 
     # ---------------------------------------------------------------- the stages
 
@@ -129,7 +129,7 @@ class Pipeline:
 
     def parse(self, data: bytes, media_type: str) -> str:
         try:
-            if media_type in IN_PROCESS_TYPES:
+            if not formats.sandboxed(media_type):
                 parsed = parse(data, media_type, self.limits)
             else:
                 parsed = parse_isolated(data, media_type, self.limits)
@@ -158,8 +158,7 @@ class Pipeline:
         self,
         ready: list[tuple[ClaimedJob, Chunked]],
         vectors: list[npt.NDArray[np.float32]],
-        guard: Guard,
-        still_ours: StillOurs,
+        claim: Claim,
     ) -> None:
         """The whole batch in one transaction; if that fails, each job on its own, so one
         job's problem fails that job alone."""
@@ -172,7 +171,7 @@ class Pipeline:
         except Exception:
             log.exception("writing a batch of %d jobs failed; writing them one by one", len(batch))
             for item in batch:
-                guard(item.job, partial(self._write_one, item, still_ours(item.job)))
+                self._step(item.job, partial(self._write_one, item, claim))
             return
         for item in batch:
             state = states[item.job.id]
@@ -181,8 +180,8 @@ class Pipeline:
             else:
                 log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
 
-    def _write_one(self, item: ingested.Finished, still_ours: Callable[[], None]) -> str:
-        still_ours()
+    def _write_one(self, item: ingested.Finished, claim: Claim) -> str:
+        claim.still_ours(item.job)
         state = ingested.complete(
             self.db,
             item.job,
@@ -193,6 +192,65 @@ class Pipeline:
         )
         log.info("job %s: %s, %d chunks", item.job.id, state, len(item.chunks))
         return state
+
+    # ---------------------------------------------------------------- one job's failure
+
+    def _step(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
+        """Run one job's step; its failure fails (or retries) that job alone, and gives None."""
+        try:
+            return self._through_outages(job, step)
+        except LeaseLost:
+            log.warning("job %s: lease lost; another worker owns it now", job.id)
+        except PermanentFailure as exc:
+            self._fail_quietly(job, str(exc), permanent=True)
+        except Exception as exc:
+            log.exception("job %s: attempt %d failed", job.id, job.attempt)
+            self._fail_quietly(job, f"{type(exc).__name__}: {exc}", permanent=False)
+        return None
+
+    def _through_outages(self, job: ClaimedJob, step: Callable[[], T]) -> T:
+        """`step()`, run again after a pause while it meets transient database errors, for up
+        to `transient_retry_s`: a database that is away for half a minute is nobody's failed
+        attempt (each used to be one, and the backoff's first steps are short, so an outage
+        used up every attempt and failed the document for good). The lease outlives the
+        pauses (the worker's heartbeat renews it once the database is back); steps are
+        idempotent."""
+        give_up = time.monotonic() + self.settings.transient_retry_s
+        pause = 0.1
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                if not transient(exc) or time.monotonic() + pause > give_up:
+                    raise
+                log.warning(
+                    "job %s: transient database error (%s); again in %.1f s",
+                    job.id, type(exc).__name__, pause,
+                )  # fmt: skip
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
+
+    def _fail_quietly(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
+        try:
+            self._through_outages(job, lambda: self._fail(job, reason, permanent=permanent))
+        except LeaseLost:
+            log.warning("job %s: lease lost before its failure was recorded", job.id)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            # Still unreachable: the lease lapses and the job is claimed again.
+            log.warning("job %s: failure not recorded (%s)", job.id, type(exc).__name__)
+
+    def _fail(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
+        state = jobs.fail(
+            self.db,
+            job,
+            reason[:2000],
+            permanent=permanent,
+            backoff_base_s=self.settings.backoff_base_s,
+            backoff_max_s=self.settings.backoff_max_s,
+        )
+        log.info("job %s: %s", job.id, state)
 
 
 def _raise(exc: BaseException) -> NoReturn:

@@ -1,5 +1,6 @@
-"""The worker loop: claim a job with a lease, keep the lease alive while working, finish or
-retry. Runs as `rag worker`, or as a thread inside `rag serve`."""
+"""The worker loop: claim a batch of jobs with leases, keep the leases alive while the
+pipeline runs them (it finishes, retries or fails each job), and at the pipeline's pauses
+serve the other tenants waiting. Runs as `rag worker`, or as a thread inside `rag serve`."""
 
 from __future__ import annotations
 
@@ -10,30 +11,36 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
 
-from ingest.pipeline import PermanentFailure, Pipeline
+from ingest.pipeline import Pipeline
 from rag.config import IngestSettings
-from rag.db import Database, jobs, transient
+from rag.db import Database, jobs
 from rag.db.jobs import ClaimedJob, LeaseLost
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 # A claim runs this long before the worker looks for other tenants' jobs at its pauses.
 PAUSE_AFTER_S = 2.0
 
 
-class _Heartbeat:
-    """Renews the leases of the jobs in hand every third of the lease until stopped."""
+class _Claim:
+    """A claimed batch in the pipeline's hands (ingest.pipeline.Claim): a thread renews the
+    jobs' leases every third of the lease until it is closed, and `pause` is where the worker
+    may serve other tenants first."""
 
-    def __init__(self, db: Database, held: list[ClaimedJob], lease_s: float) -> None:
-        self.db, self.held, self.lease_s = db, held, lease_s
+    def __init__(
+        self,
+        db: Database,
+        held: list[ClaimedJob],
+        lease_s: float,
+        on_pause: Callable[[], None] | None = None,
+    ) -> None:
+        self.db, self.jobs, self.lease_s, self.on_pause = db, held, lease_s, on_pause
         self.lost: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
-    def __enter__(self) -> _Heartbeat:
+    def __enter__(self) -> _Claim:
         self._thread.start()
         return self
 
@@ -43,7 +50,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
-            for job in self.held:
+            for job in self.jobs:
                 if job.id in self.lost:
                     continue
                 try:
@@ -52,12 +59,13 @@ class _Heartbeat:
                 except Exception:  # a database hiccup: try again next beat
                     log.exception("job %s: lease renewal failed", job.id)
 
-    def checker(self, job: ClaimedJob) -> Callable[[], None]:
-        def check() -> None:
-            if job.id in self.lost:
-                raise LeaseLost(job.id)
+    def still_ours(self, job: ClaimedJob) -> None:
+        if job.id in self.lost:
+            raise LeaseLost(job.id)
 
-        return check
+    def pause(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause()
 
 
 def lower_priority(nice: int) -> None:
@@ -113,8 +121,8 @@ class Worker:
         return True
 
     def _process(self, held: list[ClaimedJob], pause: Callable[[], None] | None = None) -> None:
-        with _Heartbeat(self.db, held, self.settings.lease_s) as beat:
-            self.pipeline.run(held, self._guard, beat.checker, pause)
+        with _Claim(self.db, held, self.settings.lease_s, pause) as claim:
+            self.pipeline.run(claim)
         self.processed += len(held)
 
     def _claim_batch(self, exclude_tenants: list[str] | None = None) -> list[ClaimedJob]:
@@ -122,62 +130,6 @@ class Worker:
             self.db, self.owner, self.settings.lease_s, self.settings.claim_batch,
             self.settings.claim_bytes, exclude_tenants=exclude_tenants or (),
         )  # fmt: skip
-
-    def _guard(self, job: ClaimedJob, step: Callable[[], T]) -> T | None:
-        """Run one job's step; its failure fails (or retries) that job alone."""
-        try:
-            return self._through_outages(job, step)
-        except LeaseLost:
-            log.warning("job %s: lease lost; another worker owns it now", job.id)
-        except PermanentFailure as exc:
-            self._fail_quietly(job, str(exc), permanent=True)
-        except Exception as exc:
-            log.exception("job %s: attempt %d failed", job.id, job.attempt)
-            self._fail_quietly(job, f"{type(exc).__name__}: {exc}", permanent=False)
-        return None
-
-    def _through_outages(self, job: ClaimedJob, step: Callable[[], T]) -> T:
-        """`step()`, run again after a pause while it meets transient database errors, for up
-        to `transient_retry_s`: a database that is away for half a minute is nobody's failed
-        attempt (each used to be one, and the backoff's first steps are short, so an outage
-        used up every attempt and failed the document for good). The lease outlives the
-        pauses (the heartbeat renews it once the database is back); steps are idempotent."""
-        give_up = time.monotonic() + self.settings.transient_retry_s
-        pause = 0.1
-        while True:
-            try:
-                return step()
-            except Exception as exc:
-                if not transient(exc) or time.monotonic() + pause > give_up:
-                    raise
-                log.warning(
-                    "job %s: transient database error (%s); again in %.1f s",
-                    job.id, type(exc).__name__, pause,
-                )  # fmt: skip
-            time.sleep(pause)
-            pause = min(2 * pause, 5.0)
-
-    def _fail_quietly(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
-        try:
-            self._through_outages(job, lambda: self._fail(job, reason, permanent=permanent))
-        except LeaseLost:
-            log.warning("job %s: lease lost before its failure was recorded", job.id)
-        except Exception as exc:
-            if not transient(exc):
-                raise
-            # Still unreachable: the lease lapses and the job is claimed again.
-            log.warning("job %s: failure not recorded (%s)", job.id, type(exc).__name__)
-
-    def _fail(self, job: ClaimedJob, reason: str, *, permanent: bool) -> None:
-        state = jobs.fail(
-            self.db,
-            job,
-            reason[:2000],
-            permanent=permanent,
-            backoff_base_s=self.settings.backoff_base_s,
-            backoff_max_s=self.settings.backoff_max_s,
-        )
-        log.info("job %s: %s", job.id, state)
 
     def run(self, stop: threading.Event) -> None:
         lower_priority(self.settings.worker_nice)

@@ -7,13 +7,13 @@ fail at startup.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag.deprecated import upgrade
 from rag.engine.config import EngineSettings
 
 
@@ -27,22 +27,17 @@ class DatabaseSettings(_Section):
     echo: bool = False
 
 
-class EmbedSettings(_Section):
-    # "sentence-transformers" loads the bundled all-MiniLM-L6-v2 (or `model_path`);
-    # "hash" is a deterministic, model-free embedder for tests and smoke runs.
-    backend: Literal["sentence-transformers", "hash"] = "sentence-transformers"
-    model_path: str | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    batch_size: int = Field(64, ge=1, le=4096)
-    # ONNX Runtime threads that embed one batch of search queries on CPU. Two cut a long
-    # query's time nearly in half (p99 of /search: 27 -> 23 ms on 2 cores); more gain little
-    # on queries of a few dozen tokens. (The torch fallback runs one: see QueryLane.)
+class EmbedAdvanced(_Section):
+    """How search queries are embedded on CPU: measured choices (bench/ttft.py,
+    bench/query_priority.py), not options a deployment needs."""
+
+    # ONNX Runtime threads that embed one batch of search queries on CPU (the torch fallback
+    # runs one: see QueryLane).
     query_threads: int = Field(2, ge=1, le=256)
-    # What embeds search queries on CPU: ONNX Runtime runs the same model 2-3x faster than
-    # torch on one short query (same vectors); "torch" skips the ONNX export at start.
+    # What embeds search queries on CPU: ONNX Runtime runs the same model faster than torch on
+    # one short query (same vectors); "torch" skips the ONNX export at start.
     query_backend: Literal["onnxruntime", "torch"] = "onnxruntime"
-    # The weights ONNX Runtime runs search queries in: "int8" (dynamic quantization, ~2.3x
-    # faster than "float32" one query at a time, docfaq nDCG@10 0.996x float32's) or
+    # The weights ONNX Runtime runs search queries in: "int8" (dynamic quantization) or
     # "float32"; "auto" is int8 (rag.embed.onnx.AUTO_FORMAT). Document vectors stay float32.
     # An int8 graph that cannot be built, or strays from float32, falls back to float32.
     query_format: Literal["auto", "float32", "int8"] = "auto"
@@ -51,7 +46,23 @@ class EmbedSettings(_Section):
     # a batch (a steady stream of queries slows ingest down, never stops it).
     query_priority: bool = True
     ingest_yield_ms: float = Field(200.0, ge=0, le=60_000)
+    # The dimension of the "hash" embedder.
     hash_dim: int = Field(384, ge=8, le=4096)
+
+
+class EmbedSettings(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade("embed", data, frozenset(EmbedAdvanced.model_fields), {})
+
+    # "sentence-transformers" loads the bundled all-MiniLM-L6-v2 (or `model_path`);
+    # "hash" is a deterministic, model-free embedder for tests and smoke runs.
+    backend: Literal["sentence-transformers", "hash"] = "sentence-transformers"
+    model_path: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    batch_size: int = Field(64, ge=1, le=4096)
+    advanced: EmbedAdvanced = EmbedAdvanced()
 
 
 class IngestSettings(_Section):
@@ -174,70 +185,30 @@ class SearchSettings(_Section):
     default_budget_ms: float | None = Field(None, gt=0)
 
 
-log = logging.getLogger(__name__)
-
 # Settings removed in this release: still accepted (and ignored) with a warning, for one
 # release, so a deployment that sets one keeps starting (CHANGELOG.md).
 REMOVED_ASK = {
     "prompt": "the legacy prompt is gone",
     "attribution": "whole-answer attribution is gone; answers are attributed by sentence",
-    "evidence_coverage": "replaced by ask.min_support (RAG_ASK__MIN_SUPPORT)",
-    "extract_min_support": "replaced by ask.min_support (RAG_ASK__MIN_SUPPORT)",
+    "evidence_coverage": "replaced by ask.advanced.min_support (RAG_ASK__ADVANCED__MIN_SUPPORT)",
+    "extract_min_support": "replaced by ask.advanced.min_support (RAG_ASK__ADVANCED__MIN_SUPPORT)",
 }
 
 
-class AskSettings(_Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _removed(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key in [k for k in data if k in REMOVED_ASK]:
-                data = {k: v for k, v in data.items() if k != key}
-                log.warning("setting ask.%s is ignored: %s", key, REMOVED_ASK[key])
-        return data
+class AskAdvanced(_Section):
+    """How grounded answers are generated and checked: chosen by measurement with the bundled
+    model (bench/answers.py); a request's sampling fields override the penalties."""
 
-    # A passage must score at least this (cosine of the dense side) to be worth answering from;
-    # below it the answer says the documents do not contain it, without running the generator.
-    relevance_threshold: float = Field(0.2, ge=-1.0, le=1.0)
-    default_k: int = Field(5, ge=1, le=200)
-    default_max_tokens: int = Field(256, ge=1)
-    max_tokens_limit: int = Field(4096, ge=1)
-    max_question_chars: int = Field(4000, ge=1)
-    # Plain chat: the most text all messages of one request may hold, checked before they are
-    # tokenized (32,000 characters are ~8,000 tokens, the bundled model's context, and take
-    # ~6 ms to tokenize); requests can state at most 64,000.
-    max_chat_chars: int = Field(32_000, ge=1, le=64_000)
-    # The budget when the request sets none (None: no budget), and the share of it retrieval
-    # may use; generation gets the rest.
-    default_budget_ms: float | None = Field(None, gt=0)
-    retrieve_share: float = Field(0.3, gt=0, lt=1)
-    # The most of the passage cache one warm-up (POST .../warm) may fill; a warm-up only ever
-    # fills free room, never evicting what is cached (another tenant's passages included).
-    warm_max_share: float = Field(0.25, gt=0, le=1)
-
-    # Grounded answers: defaults chosen by measurement with the bundled 135M model
-    # (bench/answers.py, table in bench/README.md). "generate" answers with the quote that
-    # supports it and the generator's sentence (`evidence`); "extractive" quotes the
-    # sentences that answer, without the generator. A request's `mode`, then the
-    # collection's saved default, win.
-    mode: Literal["generate", "extractive"] = "generate"
-    # What the generator sees: "one" passage (the one holding the sentence that answers; the
-    # answer is that quote, then one generated sentence shown only when it agrees with it),
-    # "all" the passages retrieved (the answer as the generator writes it, reviewed at the
-    # end), "auto": "one" for the local engine, "all" for a remote one (a larger model).
-    evidence: Literal["auto", "one", "all"] = "auto"
-    # The most tokens of the generated sentence that follows the quote ("one").
-    sentence_tokens: int = Field(48, ge=1, le=512)
-    # Refuse without the generator unless a sentence (or table row) of the passages holds
-    # what the question asks for (a number, a date, a name) and, with its context, the
-    # question's names, and also this share of its weighted terms and this cosine with it
-    # in the embedding model's space (rag.answer.evidence).
+    # Refuse unless the sentence that answers also holds this share of the question's
+    # weighted terms (rag.answer.evidence; ask.min_similarity is the cosine floor).
     min_support: float = Field(0.0, ge=0, le=1)
-    min_similarity: float = Field(0.45, ge=-1, le=1)
-    # Sampling for grounded answers when the request sets none: OpenAI's penalties (counted
-    # over the answer's own tokens, so quoting a passage is not punished), Hugging Face's
-    # repetition penalty, and the engine's guard that ends an answer repeating itself
-    # (finish reason `repetition`).
+    # The share of a request's budget retrieval may use; generation gets the rest.
+    retrieve_share: float = Field(0.3, gt=0, lt=1)
+    # The most tokens of the generated sentence that follows the quote (evidence "one").
+    sentence_tokens: int = Field(48, ge=1, le=512)
+    # OpenAI's penalties (counted over the answer's own tokens, so quoting a passage is not
+    # punished), Hugging Face's repetition penalty, and the engine's guard that ends an answer
+    # repeating itself (finish reason `repetition`).
     frequency_penalty: float = Field(0.5, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=4)
@@ -248,9 +219,49 @@ class AskSettings(_Section):
     # closes (the most of its content words; rag.answer.cite.chooser); any given one when
     # none holds any.
     cite_steer: bool = True
-    # "all": each sentence is cited by its marker, or attributed to the passage holding at
-    # least this share of its content words, or reported unsupported.
+    # Evidence "all": each sentence is cited by its marker, or attributed to the passage
+    # holding at least this share of its content words, or reported unsupported.
     support_threshold: float = Field(0.5, ge=0, le=1)
+
+
+class AskSettings(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade("ask", data, frozenset(AskAdvanced.model_fields), REMOVED_ASK)
+
+    # A passage must score at least this (cosine of the dense side) to be worth answering from;
+    # below it the answer says the documents do not contain it, without running the generator.
+    relevance_threshold: float = Field(0.2, ge=-1.0, le=1.0)
+    default_k: int = Field(5, ge=1, le=200)
+    default_max_tokens: int = Field(256, ge=1)
+    max_tokens_limit: int = Field(4096, ge=1)
+    max_question_chars: int = Field(4000, ge=1)
+    # Plain chat: the most text all messages of one request may hold, checked before they are
+    # tokenized (about a quarter as many tokens: the bundled model's context at the default);
+    # requests can state at most 64,000.
+    max_chat_chars: int = Field(32_000, ge=1, le=64_000)
+    # The budget when the request sets none (None: no budget).
+    default_budget_ms: float | None = Field(None, gt=0)
+    # The most of the passage cache one warm-up (POST .../warm) may fill; a warm-up only ever
+    # fills free room, never evicting what is cached (another tenant's passages included).
+    warm_max_share: float = Field(0.25, gt=0, le=1)
+
+    # Grounded answers (bench/answers.py measures them): "generate" answers with the quote
+    # that supports it and the generator's sentence (`evidence`); "extractive" quotes the
+    # sentences that answer, without the generator. A request's `mode`, then the
+    # collection's saved default, win.
+    mode: Literal["generate", "extractive"] = "generate"
+    # What the generator sees: "one" passage (the one holding the sentence that answers; the
+    # answer is that quote, then one generated sentence shown only when it agrees with it),
+    # "all" the passages retrieved (the answer as the generator writes it, reviewed at the
+    # end), "auto": "one" for the local engine, "all" for a remote one (a larger model).
+    evidence: Literal["auto", "one", "all"] = "auto"
+    # Refuse without the generator unless a sentence (or table row) of the passages holds
+    # what the question asks for (a number, a date, a name) and, with its context, the
+    # question's names, and has at least this cosine with the question in the embedding
+    # model's space (rag.answer.evidence).
+    min_similarity: float = Field(0.45, ge=-1, le=1)
     # Extractive answers: the sentence that answers, then the best others of its passage, at
     # most this many sentences and about this many words.
     extract_sentences: int = Field(1, ge=1, le=20)
@@ -266,6 +277,7 @@ class AskSettings(_Section):
     max_history_chars: int = Field(20_000, ge=0, le=1_000_000)
     prompt_turns: int = Field(2, ge=0, le=100)
     prompt_turn_chars: int = Field(1500, ge=0, le=100_000)
+    advanced: AskAdvanced = AskAdvanced()
 
 
 class AuthSettings(_Section):
@@ -289,14 +301,9 @@ class AuthSettings(_Section):
         return self
 
 
-class ApiSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    long_poll_max_s: float = Field(60.0, gt=0)
-    page_size_max: int = Field(500, ge=1)
-    # JSON bodies of every route but the upload (which takes ingest.max_upload_mb): refused
-    # with 413 as soon as more than this has streamed in.
-    max_json_body_kb: int = Field(1024, ge=16, le=65_536)
+class ApiAdvanced(_Section):
+    """How the API's threads are shared and long polls paced: tuning, measured by bench/abuse.py."""
+
     # The service's own threads for the blocking work of requests (rag.api.pools): searches,
     # other database work (listings, collections, documents, jobs) and key lookups. A request
     # that finds its kind's threads busy waits in its tenant's line (tenants take turns); it
@@ -310,16 +317,44 @@ class ApiSettings(_Section):
     # (the others wait in its line): a tenant's flood then shares the cores with at most this
     # many of its own. None: half the CPU cores, at least 2.
     tenant_threads: int | None = Field(None, ge=1, le=1024)
-    # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
-    max_long_polls: int = Field(256, ge=1, le=100_000)
     # How often a long poll looks at its job: first after `long_poll_first_s`, then less
     # and less often (x1.5 a time) up to `long_poll_every_s`.
     long_poll_first_s: float = Field(0.1, gt=0)
     long_poll_every_s: float = Field(1.0, gt=0)
 
+
+class ApiSettings(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        removed = {"page_size_max": "it was never read"}
+        return upgrade("api", data, frozenset(ApiAdvanced.model_fields), removed)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    long_poll_max_s: float = Field(60.0, gt=0)
+    # JSON bodies of every route but the upload (which takes ingest.max_upload_mb): refused
+    # with 413 as soon as more than this has streamed in.
+    max_json_body_kb: int = Field(1024, ge=16, le=65_536)
+    # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
+    max_long_polls: int = Field(256, ge=1, le=100_000)
+    advanced: ApiAdvanced = ApiAdvanced()
+
     @property
     def max_json_body_bytes(self) -> int:
         return self.max_json_body_kb * 1024
+
+
+class DriftAdvanced(_Section):
+    """The drift test's statistics: chosen by bench/drift.py."""
+
+    # A test runs after this many new questions of a collection (and at most every
+    # `interval_s`, in the quality loop of every process).
+    check_every: int = Field(50, ge=1, le=10_000)
+    permutations: int = Field(200, ge=20, le=5000)
+    # The permutation quantile a statistic must pass, in `consecutive` tests running.
+    alpha: float = Field(0.01, gt=0, lt=0.5)
+    consecutive: int = Field(2, ge=1, le=20)
 
 
 class DriftSettings(_Section):
@@ -328,23 +363,47 @@ class DriftSettings(_Section):
     by a kernel two-sample test (MMD, RBF kernel) with a permutation threshold
     (rag.quality.drift). Chosen by bench/drift.py; see docs/quality.md."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade("quality.drift", data, frozenset(DriftAdvanced.model_fields), {})
+
     reference_size: int = Field(200, ge=20, le=2000)
     window: int = Field(200, ge=20, le=2000)
-    # A test runs after this many new questions of a collection (and at most every
-    # `interval_s`, in the quality loop of every process).
-    check_every: int = Field(50, ge=1, le=10_000)
-    permutations: int = Field(200, ge=20, le=5000)
-    # The permutation quantile a statistic must pass, in `consecutive` tests running.
-    alpha: float = Field(0.01, gt=0, lt=0.5)
-    consecutive: int = Field(2, ge=1, le=20)
     # Content drift: chunks newly ingested into a collection, tested against a sample of
     # the chunks it held before, once at least this many are new.
     content_min_new: int = Field(30, ge=5, le=100_000)
+    advanced: DriftAdvanced = DriftAdvanced()
+
+
+class QualityAdvanced(_Section):
+    """How answer records are written and unanswered topics clustered: tuning, chosen by
+    bench/quality_watch.py and bench/drift.py."""
+
+    # Answers waiting to be written; past it a record is dropped (counted in
+    # rag_quality_records_dropped), never the answer.
+    queue: int = Field(10_000, ge=1, le=1_000_000)
+    # The writer's batch: at most this many records, every `flush_s`.
+    batch: int = Field(256, ge=1, le=10_000)
+    flush_s: float = Field(0.2, gt=0, le=60)
+    # An answered question counts as weak evidence when its top passage scores below this
+    # (the dense cosine); refused questions always count. Both feed unanswered topics.
+    weak_score: float = Field(0.35, ge=-1, le=1)
+    # Unanswered topics: clusters closer than this mean cosine distance merge (average
+    # linkage), over at most `topics_max_questions` of the most recent. Chosen by
+    # bench/drift.py: a broad uncovered subject split into pieces at tighter cuts.
+    topic_distance: float = Field(0.95, gt=0, lt=2)
+    topics_max_questions: int = Field(2000, ge=10, le=20_000)
 
 
 class QualitySettings(_Section):
     """Answer records, feedback, quality signals, drift and unanswered topics
     (rag.quality; README "Quality you can watch")."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade("quality", data, frozenset(QualityAdvanced.model_fields), {})
 
     # Off: no answer is recorded, answers carry no id, feedback is refused (404).
     enabled: bool = True
@@ -353,25 +412,11 @@ class QualitySettings(_Section):
     store_questions: bool = True
     # Answers (and their feedback) older than this are erased by the purge loop.
     retention_days: float = Field(90.0, gt=0, le=36_500)
-    # Answers waiting to be written; past it a record is dropped (counted in
-    # rag_quality_records_dropped), never the answer.
-    queue: int = Field(10_000, ge=1, le=1_000_000)
-    # The writer's batch: at most this many records, every `flush_s`.
-    batch: int = Field(256, ge=1, le=10_000)
-    flush_s: float = Field(0.2, gt=0, le=60)
     # How often each process recomputes drift and unanswered topics of collections with new
     # answers (from SQL: every replica computes the same).
     interval_s: float = Field(15.0, gt=0)
-    # An answered question counts as weak evidence when its top passage scores below this
-    # (the dense cosine); refused questions always count. Both feed unanswered topics.
-    weak_score: float = Field(0.35, ge=-1, le=1)
-    # Unanswered topics: clusters closer than this mean cosine distance merge (average
-    # linkage), over at most `topics_max_questions` of the most recent. Chosen by
-    # bench/drift.py (bench/README.md): a broad uncovered subject split into pieces at
-    # tighter cuts.
-    topic_distance: float = Field(0.95, gt=0, lt=2)
-    topics_max_questions: int = Field(2000, ge=10, le=20_000)
     drift: DriftSettings = DriftSettings()
+    advanced: QualityAdvanced = QualityAdvanced()
 
 
 class MetricsSettings(_Section):

@@ -22,33 +22,26 @@ import numpy.typing as npt
 
 from rag.config import SearchSettings
 from rag.db import Database, chunks, collections
-from rag.db.chunks import MetaValue
 from rag.db.fulltext import keyword_search
 from rag.deadline import Deadline
 from rag.embed import Embedder
 from rag.errors import Invalid, NotFound
 from rag.index.base import Hits
+from rag.index.filters import Where, matches
 from rag.index.manager import IndexManager, IndexState
-from rag.index.milvus.filters import Where, matches
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
 # The keyword weight that did best on docfaq (bench/quality.py: chosen on the even-numbered
-# half of its 322 queries, nDCG@10 0.504 against dense 0.496 there, 0.503 against 0.479 on the
-# other half); past ~0.25 fusion falls below dense on that set. What `rag eval --choose-hybrid`
+# half of its queries, and ahead of dense on the other half too); heavier weights fall below
+# dense on that set. What `rag eval --choose-hybrid`
 # tries first; searches stay dense (0) unless a request or the collection sets it.
 SUGGESTED_HYBRID = 0.15
 
 
-@dataclass(frozen=True)
-class Filter:
-    document_ids: tuple[str, ...] | None = None
-    metadata: dict[str, MetaValue] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.document_ids and not self.metadata
+# What a search restricts itself to: the index's filter language (rag.index.filters).
+Filter = Where
 
 
 @dataclass(frozen=True)
@@ -138,7 +131,7 @@ class Retriever:
                 # The index evaluates the filter itself (Milvus): no id list resolved in
                 # SQL, which at millions of matching chunks would cost more than the search;
                 # the hydrated rows are checked against the filter below.
-                where = Where(filt.document_ids, filt.metadata)
+                where = filt
                 with self.db.read() as session:
                     chunks.metadata_keys_known(session, collection_id, filt.metadata)
             else:
@@ -278,19 +271,13 @@ class Retriever:
         self, state: IndexState, ef: int | None, nprobe: int | None, exact: bool
     ) -> tuple[str | None, int]:
         """Which knob sets the search's cost, and its value (for the budget)."""
-        if exact or state.kind in ("exact", "faiss_flat"):
-            return None, max(1, state.count // 100)
         index = self.indexes.get(state.collection_id)
-        params = index.params
-        knob = getattr(index, "effort_knob", "")  # an index that says which knob costs
-        if knob is None:
+        knob = None if exact else index.effort_knob
+        if knob is None:  # an exact scan: its cost follows the count
             return None, max(1, state.count // 100)
-        if state.kind in ("hnsw", "faiss_hnsw") or knob == "ef_search":
-            default_ef = getattr(index, "default_ef_search", None)
-            return "ef_search", int(ef or (default_ef() if default_ef else 128))
-        default_nprobe = getattr(index, "default_nprobe", None)
-        value = nprobe or params.get("nprobe") or (default_nprobe() if default_nprobe else 8)
-        return "nprobe", int(value)
+        if knob == "ef_search":
+            return knob, int(ef or index.default_ef_search())
+        return knob, int(nprobe or index.params.get("nprobe") or index.default_nprobe())
 
     def _cosines(
         self,
@@ -357,7 +344,7 @@ def fuse(
     ranking and its cosine scores pass through unchanged.
 
     Why scores and not ranks: on docfaq weighted reciprocal-rank fusion was below dense at
-    every weight (0.477 against 0.487 nDCG@10 at best), since it promotes the keyword side's
+    every weight (bench/quality.py's reciprocal-rank rows), since it promotes the keyword side's
     top hits however weak their match; z-scores keep each side's own margins. The dense z is
     taken over every candidate, with the cosine of keyword-only hits from `cosines` (the
     lowest dense cosine when one is not known); the keyword z over the keyword hits, and a

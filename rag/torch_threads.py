@@ -3,11 +3,11 @@
 torch runs its CPU kernels on an OpenMP team of the calling thread, and the team lives as long
 as that thread. libgomp throttles every team of the process once it holds more OpenMP threads
 than there are CPUs: between two kernels a worker no longer spins but sleeps, and each kernel
-then pays a wake-up (~40 us on the 2-core machines of bench/README.md, where the kernels of a
-~100-token prefill chunk take 5-30 us each). A model loaded on the main thread, or an ingest
-batch embedded on a worker's thread, left a team behind that slowed every later step of the
-engine, whose thread keeps the one team that should last: a fully cached prompt's first token
-took 1.4-1.5x as long (`bench/ttft.py --contention`). So the one-off torch work of a service
+then pays a wake-up, as long as the small kernels of a ~100-token prefill chunk themselves on
+a 2-core machine. A model loaded on the main thread, or an ingest batch embedded on a worker's
+thread, left a team behind that slowed every later step of the engine, whose thread keeps the
+one team that should last (`bench/ttft.py --contention` measures a fully cached prompt's first
+token with and without such a team). So the one-off torch work of a service
 (loading the embedder and the generator, embedding ingest batches) goes through
 `in_passing_thread`, and its team goes with the thread. The query lane (rag.embed.lane) keeps
 a one-thread team, which has no workers.

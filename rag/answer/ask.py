@@ -141,7 +141,7 @@ async def prepare(
     req = replace(req, question=resolved.query)
     knobs = req.knobs if req.knobs.k is not None else req.knobs.with_(k=settings.default_k)
     retrieve_deadline = (
-        Deadline(deadline.started + budget / 1000.0 * settings.retrieve_share)
+        Deadline(deadline.started + budget / 1000.0 * settings.advanced.retrieve_share)
         if budget is not None
         else None
     )
@@ -229,7 +229,9 @@ async def answer_from(
     t = time.perf_counter()
     choice = await run(_choice, req.question, passages, embed)
     timings["evidence"] = _ms(t)
-    if choice is None or not choice.answerable(settings.min_support, settings.min_similarity):
+    if choice is None or not choice.answerable(
+        settings.advanced.min_support, settings.min_similarity
+    ):
         return Refused(passages=[], text=NOT_FOUND, reason="no_evidence", **base)
     if mode == "extractive":
         extracted = extract(passages, choice, max_sentences=settings.extract_sentences,
@@ -241,7 +243,9 @@ async def answer_from(
     if evidence == "one":
         given = [passages[choice.passage]]
         quote = extract(given, replace(choice, passage=0, others=()))
-        params = replace(params, max_tokens=min(params.max_tokens or 1, settings.sentence_tokens))
+        params = replace(
+            params, max_tokens=min(params.max_tokens or 1, settings.advanced.sentence_tokens)
+        )
         wording = prompts.ONE
     else:
         given = passages
@@ -251,15 +255,15 @@ async def answer_from(
     built = await run(_prompt, engine, req.question, given, params, tenant_id, kv_reuse, wording,
                       turns)  # fmt: skip
     timings["prompt"] = _ms(t)
-    if settings.cite_mask:
-        steer = chooser(given[: built.given]) if settings.cite_steer else None
+    if settings.advanced.cite_mask:
+        steer = chooser(given[: built.given]) if settings.advanced.cite_steer else None
         params = replace(params, cite_passages=built.given, cite_choice=steer)
     stream = start(engine, built.prompt, params, request_id, cache_salt=tenant_id)
     running: dict[str, Any] = dict(passages=given[: built.given], generation=stream,
                    submitted_at=time.perf_counter(), prompt_tokens=built.tokens)  # fmt: skip
     if evidence == "one":
         return Grounded(quote=quote, question=req.question, **running, **base)
-    review = ReviewOptions(settings.support_threshold, wording.sentences())
+    review = ReviewOptions(settings.advanced.support_threshold, wording.sentences())
     return Generating(review=review, stop_repetition=params.stop_repetition, **running, **base)
 
 
@@ -311,10 +315,10 @@ def grounded_params(req: AskRequest, settings: AskSettings) -> SamplingParams:
     return replace(
         params,
         max_tokens=params.max_tokens or settings.default_max_tokens,
-        frequency_penalty=pick(req.frequency_penalty, settings.frequency_penalty),
-        presence_penalty=pick(req.presence_penalty, settings.presence_penalty),
-        repetition_penalty=pick(req.repetition_penalty, settings.repetition_penalty),
-        stop_repetition=settings.stop_repetition,
+        frequency_penalty=pick(req.frequency_penalty, settings.advanced.frequency_penalty),
+        presence_penalty=pick(req.presence_penalty, settings.advanced.presence_penalty),
+        repetition_penalty=pick(req.repetition_penalty, settings.advanced.repetition_penalty),
+        stop_repetition=settings.advanced.stop_repetition,
     )
 
 

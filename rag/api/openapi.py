@@ -135,8 +135,7 @@ def _index_specs(schemas: dict[str, Any], kinds: list[str]) -> None:
     def params(kind: str) -> dict[str, Any]:
         if kind == "auto":
             return none
-        schema = getattr(index_class(kind), "param_schema", None)
-        return json_schema(schema) if schema is not None else {"type": "object"}
+        return json_schema(index_class(kind).param_schema)
 
     def variant(kind: str, params: dict[str, Any], *, required: bool) -> dict[str, Any]:
         return {

@@ -159,15 +159,15 @@ class Pool:
 
 class Pools:
     def __init__(self, settings: ApiSettings) -> None:
-        queue, mine = settings.thread_queue, settings.tenant_queue
-        share = settings.tenant_threads or max(2, (os.cpu_count() or 2) // 2)
-        self.search = Pool("search", settings.search_threads, queue, mine, share)
-        self.db = Pool("database", settings.db_threads, queue, mine, share)
+        queue, mine = settings.advanced.thread_queue, settings.advanced.tenant_queue
+        share = settings.advanced.tenant_threads or max(2, (os.cpu_count() or 2) // 2)
+        self.search = Pool("search", settings.advanced.search_threads, queue, mine, share)
+        self.db = Pool("database", settings.advanced.db_threads, queue, mine, share)
         # Lines by key prefix, unknown keys in one (rag.auth.KeyCache.line_of): no line takes
         # more than half the threads, so made-up keys never hold every lookup thread.
         self.auth = Pool(
-            "key lookup", settings.auth_threads, queue, mine,
-            tenant_threads=max(1, settings.auth_threads // 2),
+            "key lookup", settings.advanced.auth_threads, queue, mine,
+            tenant_threads=max(1, settings.advanced.auth_threads // 2),
         )  # fmt: skip
         self.max_long_polls = settings.max_long_polls
         self.long_polls = 0

@@ -165,10 +165,6 @@ class UsageOut(BaseModel):
         )
 
 
-def passages_out(passages: Sequence[Passage]) -> list[PassageOut]:
-    return [PassageOut.of(p) for p in passages]
-
-
 def opaque(passages: Sequence[Passage], item: Any) -> dict[str, Any]:
     """A citation's or a quote's fields, its chunk id replaced by the opaque one of the
     passage it comes from (never the row id: a counter every tenant moves)."""

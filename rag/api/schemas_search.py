@@ -3,7 +3,9 @@ passages found, a rebuild, the defaults a collection keeps, a warm-up."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -19,6 +21,9 @@ from rag.api.schemas import (
 )
 from rag.index.live import IndexState
 from rag.retrieve import Passage
+
+if TYPE_CHECKING:  # the annotation only: rag.ops.tune loads the services it runs on
+    from rag.ops.tune import TuneReport
 
 
 class SearchFilter(Request):
@@ -80,8 +85,14 @@ class PassageOut(BaseModel):
 
     @classmethod
     def of(cls, p: Passage) -> PassageOut:
+        """The passage as clients see it: its opaque uid as its chunk id, never the row id (a
+        counter every tenant moves)."""
         fields = {k: v for k, v in vars(p).items() if k != "uid"}
         return cls(**{**fields, "chunk_id": p.uid})
+
+
+def passages_out(passages: Sequence[Passage]) -> list[PassageOut]:
+    return [PassageOut.of(p) for p in passages]
 
 
 class IndexInfo(BaseModel):
@@ -149,3 +160,32 @@ class SearchDefaultsIn(Request):
 
 class WarmOut(BaseModel):
     passages: int = Field(description="chunks queued to be computed into the passage cache")
+
+
+class TuningPoint(BaseModel):
+    knob: str | None = Field(description='"ef_search", "nprobe", or null for exact kinds')
+    value: int | None
+    recall: float
+    p50_ms: float
+    p99_ms: float
+
+
+class TuningOut(BaseModel):
+    """The last `rag tune` measurements of a collection, and its current search defaults."""
+
+    collection_id: str
+    kind: str
+    k: int
+    queries: int
+    target_recall: float
+    budget_ms: float | None
+    points: list[TuningPoint]
+    chosen: TuningPoint | None
+    applied: bool
+    measured_at: float | None
+    search_defaults: dict[str, Any]
+
+    @classmethod
+    def of(cls, report: TuneReport, search_defaults: dict[str, Any] | None) -> TuningOut:
+        """The report as clients see it, with the knobs searches use now."""
+        return cls(**asdict(report), search_defaults=dict(search_defaults or {}))

@@ -61,7 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = load_settings()
     logs.setup(settings.log_level, settings.log_json)
     # A worker embeds documents, never search queries: no ONNX export for queries at start.
-    settings.embed.query_backend = "torch"
+    settings.embed.advanced.query_backend = "torch"
     services = offline_services(settings)
     workers = [make_worker(services) for _ in range(args.concurrency)]
     stop = threading.Event()

@@ -256,7 +256,7 @@ def metadata_keys_known(
 
 
 # A filter's key/value means the same on SQLite, PostgreSQL and in Milvus's post-filter
-# (rag.index.milvus.filters.matches): the document's value has the filter value's JSON type
+# (rag.index.filters.matches): the document's value has the filter value's JSON type
 # and equals it (a boolean is not a number, 3 equals 3.0; nothing is cast, so a value of
 # another type does not match rather than fail), and a key is looked up as one key, never as
 # a JSON path (SQLite's paths have no escape for `"`).

@@ -88,7 +88,28 @@ def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
         job_row.finished_at = job_row.updated_at = t
         job_row.lease_owner = None
         return "cancelled"
-    blobs = vector_codec.encode_rows(item.vectors)
+    index_document(session, doc, item.text, item.chunks, item.vectors, embedding_model, t)
+    job_row.state = "done"
+    job_row.error = None
+    job_row.finished_at = job_row.updated_at = t
+    job_row.lease_owner = None
+    job_row.lease_expires_at = None
+    return "done"
+
+
+def index_document(
+    session: Session,
+    doc: Document,
+    text: str,
+    chunks: Sequence[ChunkRow],
+    vectors: npt.NDArray[np.float32],
+    embedding_model: str,
+    at: float,
+) -> list[Chunk]:
+    """A document's chunks with their vectors, full-text rows and change-log entries, and the
+    document marked indexed, in the caller's transaction (which holds the collection's lock).
+    The one write of indexed chunks: the worker's, and rag.db.seed's for tests and benches."""
+    blobs = vector_codec.encode_rows(vectors)
     rows = [
         Chunk(
             uid=chunk_uid(doc.id, c),
@@ -103,7 +124,7 @@ def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
             embedding=blobs[i],
             embedding_model=embedding_model,
         )
-        for i, c in enumerate(item.chunks)
+        for i, c in enumerate(chunks)
     ]
     session.add_all(rows)
     session.flush()
@@ -112,14 +133,9 @@ def _write_job(session: Session, item: Finished, embedding_model: str) -> str:
         ChangeLog(collection_id=doc.collection_id, op="add", chunk_id=r.id, document_id=doc.id)
         for r in rows
     )
-    doc.text = item.text
+    doc.text = text
     doc.status = "indexed"
     doc.chunk_count = len(rows)
     doc.error = None
-    doc.indexed_at = doc.updated_at = t
-    job_row.state = "done"
-    job_row.error = None
-    job_row.finished_at = job_row.updated_at = t
-    job_row.lease_owner = None
-    job_row.lease_expires_at = None
-    return "done"
+    doc.indexed_at = doc.updated_at = at
+    return rows

@@ -123,8 +123,7 @@ class Document(Base):
         ),
         Index("ix_documents_collection_created", "collection_id", "created_at", "id"),
         # Covers a collection's counts (documents by status, chunks): without it, summing
-        # chunk_count reads every document row past its text (17 ms at 200 documents of 500
-        # chunks on SQLite; 0.1 ms with it).
+        # chunk_count reads every document row past its text (docs/decisions.md, 2026-11-30).
         Index(
             "ix_documents_collection_counts",
             "collection_id",
@@ -360,7 +359,7 @@ class Answer(Base):
     unsupported: Mapped[int] = mapped_column(Integer, default=0)
     first_token_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
-    # Refused, or answered from a top passage below quality.weak_score.
+    # Refused, or answered from a top passage below quality.advanced.weak_score.
     weak: Mapped[bool] = mapped_column(Boolean, default=False)
 
 

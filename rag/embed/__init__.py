@@ -30,14 +30,14 @@ __all__ = [
 
 def build_embedder(settings: EmbedSettings) -> Embedder:
     if settings.backend == "hash":
-        return HashEmbedder(settings.hash_dim)
+        return HashEmbedder(settings.advanced.hash_dim)
     return SentenceTransformerEmbedder(
         settings.model_path,
         device=settings.device,
         batch_size=settings.batch_size,
-        query_threads=settings.query_threads,
-        query_backend=settings.query_backend,
-        query_format=settings.query_format,
-        query_priority=settings.query_priority,
-        ingest_yield_ms=settings.ingest_yield_ms,
+        query_threads=settings.advanced.query_threads,
+        query_backend=settings.advanced.query_backend,
+        query_format=settings.advanced.query_format,
+        query_priority=settings.advanced.query_priority,
+        ingest_yield_ms=settings.advanced.ingest_yield_ms,
     )

@@ -24,11 +24,11 @@ class QueryLane:
     Why not the caller's thread: torch runs its CPU kernels on an OpenMP team per calling
     thread, and the web server calls from a pool of threads, so every request thread grew a team
     of its own; on a small machine those teams throttle each other and a 12-token query took
-    2-3x its single-thread time. The lane keeps one small torch team of `threads` (the
-    embedder gives it one: a two-thread team is throttled as soon as any other thread in the
-    process has one), never waits behind an ingest batch, and embeds the queries that arrived
-    together in one call. With ONNX Runtime (its own thread pool) it still batches and keeps
-    queries off the ingest path.
+    longer than on one thread (docs/decisions.md). The lane keeps one small torch team of
+    `threads` (the embedder gives it one: a two-thread team is throttled as soon as any other
+    thread in the process has one), never waits behind an ingest batch, and embeds the queries
+    that arrived together in one call. With ONNX Runtime (its own thread pool) it still batches
+    and keeps queries off the ingest path.
     """
 
     def __init__(self, encode: Callable[[list[str]], npt.NDArray[np.float32]], threads: int):

@@ -17,11 +17,9 @@ log = logging.getLogger(__name__)
 
 # The query formats `build` makes; "auto" picks AUTO_FORMAT.
 FORMATS = ("float32", "int8")
-# The fastest format whose docfaq nDCG@10 is at least 0.99x float32's (bench/quality.py, 322
-# queries over the same float32 document vectors): int8 0.4856 against 0.4875 (ratio 0.996,
-# paired 95% CI of the difference -0.009..+0.006); its queries took ~2.3x less time one at a
-# time (p50 1.8-2.1 ms against 4.5-6.1 ms, 1 thread, busy machine). OpenVINO (float32,
-# bfloat16, int8 from NNCF) was measured too and was slower than ONNX Runtime int8 here.
+# The fastest format whose docfaq nDCG@10 is at least 0.99x float32's, over the same float32
+# document vectors (bench/quality.py, its query formats; the figures that chose int8, and the
+# OpenVINO formats it beat, are in docs/decisions.md).
 AUTO_FORMAT = "int8"
 
 # ONNX Runtime's session option that lets its workers spin between runs ("0": they sleep).
@@ -33,12 +31,12 @@ _EXPORTING = threading.Lock()
 
 
 class OnnxQueryEncoder:
-    """The same model as ONNX Runtime runs it: 2-3x faster than torch on a one-query batch
-    (a 12-token query: ~3.5 ms against ~9.7 ms on one thread), same vectors to 1e-6 in float32;
-    int8 another ~2.3x faster, vectors at cosine >= 0.97 of float32's (checked at build).
+    """The same model as ONNX Runtime runs it: faster than torch on a one-query batch, same
+    vectors to 1e-6 in float32; int8 faster again, vectors at cosine >= 0.97 of float32's
+    (checked at build). bench/quality.py times the formats one query at a time.
 
     Built in memory from the loaded model (torch's exporter, then ONNX Runtime's transformer
-    fusions, then int8 quantization: ~4 s at start, on the query lane; no file to cache or go
+    fusions, then int8 quantization: seconds at start, on the query lane; no file to cache or go
     stale), for models that are a transformer, mean pooling and normalisation, as the bundled
     one is. `None` from `build` means: use torch. An int8 graph that cannot be made, or whose
     vectors stray, leaves the float32 one in use (logged).
@@ -76,8 +74,8 @@ class OnnxQueryEncoder:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
             # ONNX Runtime's workers spin after each run, waiting for the next: after a query
-            # one kept a core busy for ~40 ms, the start of the prefill that follows it (the
-            # engine's step wants both cores). Asleep instead, a query takes no longer.
+            # one kept a core busy into the prefill that follows it (the engine's step wants
+            # both cores; `bench/ttft.py --contention`). Asleep instead, a query takes no longer.
             # (`spinning`: runtime's default, for benchmarks that compare.)
             options.add_session_config_entry(SPINNING, "1" if spinning else "0")
             session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
@@ -98,8 +96,8 @@ class OnnxQueryEncoder:
         if fmt == "int8":
             encoder = _int8_of(encoder, graph, options) or encoder
         # ONNX Runtime grows its memory arena the first time an input is longer than any
-        # before it, which made the first long query after start take 3-4x its time (89 ms
-        # against 24 for a 138-token one). One query of the longest kind now sizes it.
+        # before it, which made the first long query after start take several times its time
+        # (docs/decisions.md). One query of the longest kind now sizes it.
         encoder(["warm " * encoder._max_length])
         log.info("query encoder: ONNX Runtime %s%s", encoder.format, " (fused)" * used_fused)
         return encoder
@@ -179,8 +177,8 @@ def _export(auto_model: Any, tokenizer: Any) -> bytes:
 
 def _fuse(graph: bytes, config: Any) -> bytes | None:
     """ONNX Runtime's own transformer optimiser: attention, embedding + layer norm, bias + GELU
-    and skip + layer norm each become one fused kernel; ~10-13% off every query on 2 CPU
-    cores, the same vectors to 1e-6. None when it does not apply to this model."""
+    and skip + layer norm each become one fused kernel: faster at every query length
+    (docs/decisions.md), the same vectors to 1e-6. None when it does not apply to this model."""
     try:
         import onnx
         from onnxruntime.transformers import optimizer

@@ -1,11 +1,10 @@
 """int8 query encoders: ONNX Runtime's dynamic quantization of the (fused) float32 graph.
 
 Weights become int8, one scale per output channel; activations are quantized per call from
-their own range (no calibration set). Measured on docfaq (bench/quality.py, 322 queries against
-the same float32 document vectors): nDCG@10 0.4856 against float32's 0.4875 (ratio 0.996,
-paired 95% CI of the difference -0.009..+0.006), query vectors at cosine >= 0.981 of
-float32's (mean 0.995), ~2.3x faster one query at a time on 1 thread. One scale per tensor
-instead was as fast and lost more (ratio 0.977), so it is not offered.
+their own range (no calibration set). bench/quality.py measures what it costs on docfaq (the
+query formats: nDCG@10 against float32 queries over the same float32 document vectors, and
+the time of one query at a time); the figures that chose it are in docs/decisions.md. One
+scale per tensor instead was as fast and lost more, so it is not offered.
 """
 
 from __future__ import annotations

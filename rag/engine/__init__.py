@@ -7,7 +7,7 @@ build_engine() loads the model.
 """
 
 from rag.engine.build import build_engine
-from rag.engine.config import EngineSettings
+from rag.engine.config import EngineAdvanced, EngineSettings
 from rag.engine.engine import Engine
 from rag.engine.protocol import EngineMetrics, GenerationBackend, Prompt
 from rag.engine.sequence import (
@@ -26,6 +26,7 @@ __all__ = [
     "EngineError",
     "EngineMetrics",
     "EngineOverloaded",
+    "EngineAdvanced",
     "EngineSettings",
     "FinishReason",
     "GenerationBackend",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rag.engine.blocks import BlockManager
 from rag.engine.config import EngineSettings
 from rag.engine.engine import Engine
-from rag.engine.passages import PassageKVCache
+from rag.engine.passages import PassageKVCache, ReuseConfig
 from rag.engine.protocol import GenerationBackend, Tokenizer
 from rag.engine.scheduler import SchedulerConfig
 from rag.engine.spec import SpecConfig
@@ -56,9 +56,9 @@ def resolve_kv_dtype(
     name: str, act_dtype: torch.dtype, device: torch.device, weights: str = "float32"
 ) -> torch.dtype:
     """auto: bfloat16 on the CPU under int weights (the fast default: a decode step reads half
-    the context's bytes, the cache holds twice the tokens, for +0.06% perplexity over float32
-    KV, bench/README.md), else the activations' dtype (float32 weights stay the exact
-    reference). A KV format of its own is for the CPU's kernels (they read bfloat16 into
+    the context's bytes, the cache holds twice the tokens, for a perplexity cost that
+    bench/engine_accuracy.py measures), else the activations' dtype (float32 weights stay the
+    exact reference). A KV format of its own is for the CPU's kernels (they read bfloat16 into
     float32); on CUDA the cache keeps the activations' dtype."""
     import torch
 
@@ -77,9 +77,9 @@ def resolve_kv_dtype(
 
 def resolve_weights(name: str, device: torch.device, kernels: Any | None) -> WeightFormat:
     """auto, on a CPU with the compiled kernels: w8a8 where its integer kernel has a vector
-    path (VNNI or AVX2; 8-bit activations too: prefill 1.3-2.5x and a 16-stream decode step
-    1.3-1.6x faster than int4, perplexity +0.8% over float32; bench/README.md), else int4
-    (the bundled GGUF's own groups, weight-only); bfloat16 elsewhere."""
+    path (VNNI or AVX2; 8-bit activations too, so prefill and batched decode steps are faster
+    than int4's: bench/engine_matmul.py; its perplexity cost: bench/engine_accuracy.py), else
+    int4 (the bundled GGUF's own groups, weight-only); bfloat16 elsewhere."""
     if name != "auto":
         return name  # type: ignore[return-value]
     if device.type != "cpu" or kernels is None:
@@ -103,9 +103,9 @@ def _load(settings: EngineSettings) -> Engine:
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings.advanced.dtype, device)
     compiled = kernels() if device.type == "cpu" else None
-    weights = resolve_weights(settings.weights, device, compiled)
+    weights = resolve_weights(settings.advanced.weights, device, compiled)
     loaded = load_model(settings.model_path, settings.cache_dir, device, dtype, weights, compiled)
     return assemble(
         loaded.model, HFTokenizer(loaded.tokenizer), loaded.eos_token_ids, settings, compiled
@@ -127,9 +127,9 @@ def engine_for_model(
     from rag.engine.loader import prepare_model
 
     device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings.advanced.dtype, device)
     compiled = kernels() if device.type == "cpu" else None
-    weights = resolve_weights(settings.weights, device, compiled)
+    weights = resolve_weights(settings.advanced.weights, device, compiled)
     from rag.engine.w8a8 import calibration_for
 
     hf = getattr(tokenizer, "tok", None)  # an HFTokenizer's own (none: no smoothing)
@@ -152,13 +152,13 @@ def assemble(
 
     device = next(iter(model.buffers())).device
     dtype = model.act_dtype
-    kv_dtype = resolve_kv_dtype(settings.kv_dtype, dtype, device, model.weight_format)
-    if settings.fused_decode:
+    kv_dtype = resolve_kv_dtype(settings.advanced.kv_dtype, dtype, device, model.weight_format)
+    if settings.advanced.fused_decode:
         model.fuse_decode(fused_decode(model, compiled))
     cfg = model.cfg
     max_model_len = min(settings.max_model_len or 8192, cfg.max_position_embeddings)
-    bs = settings.block_size
-    num_blocks = settings.num_kv_blocks or max(
+    bs = settings.advanced.block_size
+    num_blocks = settings.advanced.num_kv_blocks or max(
         2, settings.kv_cache_mb * 2**20 // kv_bytes_per_block(model, bs, kv_dtype)
     )
     # A lone sequence of max_model_len must always fit, or it could never finish.
@@ -172,22 +172,22 @@ def assemble(
         import torch
 
         stored = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
-            settings.passage_cache_dtype, kv_dtype
+            settings.advanced.passage_cache_dtype, kv_dtype
         )
         passages = PassageKVCache(settings.passage_cache_mb * 2**20, stored, device)
     runner = ModelRunner(
         model,
         KVCacheSpec(num_blocks, bs, kv_dtype),
         device,
-        attention_kernel=settings.cpu_attention_kernel,
-        cuda_graphs=settings.cuda_graphs,
+        attention_kernel=settings.advanced.cpu_attention_kernel,
+        cuda_graphs=settings.advanced.cuda_graphs,
         passages=passages,
         token_texts=tokenizer.token_texts,
     )
-    bm = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    bm = BlockManager(num_blocks, bs, settings.advanced.enable_prefix_caching)
     spec = (
-        SpecConfig(k_max=settings.spec_k_max, max_batch=settings.spec_max_batch)
-        if settings.speculative
+        SpecConfig(k_max=settings.advanced.spec_k_max, max_batch=settings.advanced.spec_max_batch)
+        if settings.advanced.speculative
         else None
     )
     sched = SchedulerConfig(
@@ -196,10 +196,12 @@ def assemble(
         max_model_len=max_model_len,
         spec=spec,
         itl_target_ms=settings.itl_target_ms,
-        recompute_first=settings.recompute_first,
-        recompute=settings.recompute,
-        recompute_ratio=settings.recompute_ratio,
-        recompute_last=settings.recompute_last,
+        reuse=ReuseConfig(
+            recompute_first=settings.advanced.recompute_first,
+            recompute=settings.advanced.recompute,
+            recompute_ratio=settings.advanced.recompute_ratio,
+            recompute_last=settings.advanced.recompute_last,
+        ),
     )
     return Engine(
         runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages

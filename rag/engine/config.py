@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rag.deprecated import upgrade
 
 
-class EngineSettings(BaseModel):
-    """How the generator runs: a local paged-KV engine or a remote OpenAI-compatible server."""
+class EngineAdvanced(BaseModel):
+    """Weight and cache formats, kernels, speculation and passage blending: research switches
+    chosen by measurement (bench/engine_*.py, bench/ttft.py; docs/decisions.md). The defaults are
+    what the benches chose; a deployment needs none of them."""
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["local", "remote"] = "local"
-    load_at_start: bool = Field(
-        default=True,
-        description="The API builds the generator in the background as it starts (/readyz "
-        "reports it loading), so the first question does not wait for the model; false: "
-        "built on the first question.",
-    )
-
-    # Local backend.
-    model_path: str | None = Field(
-        default=None,
-        description="None = the bundled SmolLM2-135M-Instruct GGUF; else a GGUF file or a "
-        "Hugging Face safetensors folder (Llama family).",
-    )
-    cache_dir: str | None = Field(
-        default=None, description="Converted-weights cache; None = ~/.cache/ragserve/engine."
-    )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="Activations and KV cache. auto = float32 on CPU, bfloat16 on CUDA.",
@@ -39,8 +25,7 @@ class EngineSettings(BaseModel):
         description="The KV cache's format, apart from the activations'. bfloat16 halves what "
         "a decode step reads of the context and holds twice the tokens in kv_cache_mb; "
         "activations stay in dtype. auto = bfloat16 on CPU under int4/int8/w8a8 weights "
-        "(+0.06% perplexity under int4, bench/README.md), else as dtype (float32 weights stay "
-        "exact).",
+        "(its perplexity cost: bench/generate.py), else as dtype (float32 weights stay exact).",
     )
     weights: Literal["auto", "float32", "bfloat16", "int8", "int4", "w8a8"] = Field(
         default="auto",
@@ -50,47 +35,11 @@ class EngineSettings(BaseModel):
         "float32's bytes, prefill a dense copy: bfloat16 with AVX512-BF16 or AMX, float32 where "
         "bfloat16 is emulated), bfloat16 on CUDA.",
     )
-    threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
     block_size: int = Field(default=16, ge=1, le=1024)
     num_kv_blocks: int | None = Field(
         default=None, ge=2, description="None = sized from kv_cache_mb."
     )
-    kv_cache_mb: int = Field(default=1024, ge=1)
-    max_num_seqs: int = Field(default=32, ge=1, description="Cap on running sequences.")
-    max_num_batched_tokens: int = Field(
-        default=512, ge=1, description="Token budget of one step (prefill chunks + decodes)."
-    )
-    itl_target_ms: float | None = Field(
-        default=None,
-        gt=0,
-        description="Time between two tokens of a streaming answer to aim for: while answers "
-        "stream, each step admits only as many prompt tokens as fit (the cost per token is "
-        "measured as the engine runs). None: every step takes the whole token budget.",
-    )
-    max_waiting: int = Field(
-        default=256, ge=0, description="Bounded waiting queue; beyond it submit() refuses."
-    )
-    max_model_len: int | None = Field(
-        default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
-    )
     enable_prefix_caching: bool = True
-    kv_reuse: Literal["blend", "prefix", "off"] = Field(
-        default="prefix",
-        description="How grounded answers reuse prompt KV when neither the request nor the "
-        "collection says: blend = each passage's cached KV at its new position (the passage "
-        "cache: first token 0.34-0.41x of prefix's, answers not token-identical to full prefill, "
-        "docfaq token F1 0.150 vs 0.167, bench/README.md), prefix = only an identical prompt "
-        "prefix (exact), off = compute every prompt whole. Prefix until blend's fidelity "
-        "meets the bar (F1 within 0.01 of full prefill).",
-    )
-    passage_cache_mb: int = Field(
-        default=1024,
-        ge=0,
-        description="The passage KV cache (rag.engine.passages): each passage's KV kept for "
-        "reuse in later prompts. At 23 KB a token (SmolLM2, bfloat16, the CPU default), "
-        "1024 MB hold ~45,000 passage tokens (about 220 chunks of 200 tokens); twice that in "
-        "float32. 0 turns it off.",
-    )
     passage_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="How the passage cache stores KV: auto = as the paged KV cache does; "
@@ -118,9 +67,8 @@ class EngineSettings(BaseModel):
         ge=0,
         description="The last passages of a blend prompt (those nearest the question) computed "
         "whole in place even when cached: the question reads them most closely, and their "
-        "cached KV, computed without the passages before them, costs the most fidelity. "
-        "1: docfaq first-token KL 0.129 -> 0.081, F1 gap to full prefill -0.022 -> -0.015, "
-        "at 3x the computed prompt tokens (bench/README.md).",
+        "cached KV, computed without the passages before them, costs the most fidelity "
+        "(fidelity and cost: bench/ttft.py).",
     )
     speculative: bool = Field(
         default=True,
@@ -150,6 +98,73 @@ class EngineSettings(BaseModel):
         "paged-attention kernel (built on first start, needs a C++ compiler; without one the "
         "torch path is used).",
     )
+
+
+class EngineSettings(BaseModel):
+    """How the generator runs: a local paged-KV engine or a remote OpenAI-compatible server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade("engine", data, frozenset(EngineAdvanced.model_fields), {})
+
+    backend: Literal["local", "remote"] = "local"
+    load_at_start: bool = Field(
+        default=True,
+        description="The API builds the generator in the background as it starts (/readyz "
+        "reports it loading), so the first question does not wait for the model; false: "
+        "built on the first question.",
+    )
+
+    # Local backend.
+    model_path: str | None = Field(
+        default=None,
+        description="None = the bundled SmolLM2-135M-Instruct GGUF; else a GGUF file or a "
+        "Hugging Face safetensors folder (Llama family).",
+    )
+    cache_dir: str | None = Field(
+        default=None, description="Converted-weights cache; None = ~/.cache/ragserve/engine."
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
+    kv_cache_mb: int = Field(default=1024, ge=1)
+    max_num_seqs: int = Field(default=32, ge=1, description="Cap on running sequences.")
+    max_num_batched_tokens: int = Field(
+        default=512, ge=1, description="Token budget of one step (prefill chunks + decodes)."
+    )
+    itl_target_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Time between two tokens of a streaming answer to aim for: while answers "
+        "stream, each step admits only as many prompt tokens as fit (the cost per token is "
+        "measured as the engine runs). None: every step takes the whole token budget.",
+    )
+    max_waiting: int = Field(
+        default=256, ge=0, description="Bounded waiting queue; beyond it submit() refuses."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="Context length; None = the model's (capped at 8192)."
+    )
+    kv_reuse: Literal["blend", "prefix", "off"] = Field(
+        default="prefix",
+        description="How grounded answers reuse prompt KV when neither the request nor the "
+        "collection says: blend = each passage's cached KV at its new position (the passage "
+        "cache: a faster first token, answers not token-identical to full prefill), prefix = "
+        "only an identical prompt prefix (exact), off = compute every prompt whole. Prefix "
+        "until blend's fidelity meets the bar (token F1 within 0.01 of full prefill, "
+        "bench/ttft.py).",
+    )
+    passage_cache_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="The passage KV cache (rag.engine.passages): each passage's KV kept for "
+        "reuse in later prompts (what a token costs: the model's layers x KV heads x head "
+        "size x 2 x the stored format's bytes). 0 turns it off.",
+    )
+
+    advanced: EngineAdvanced = EngineAdvanced()
 
     # Remote backend (an OpenAI-compatible server such as vLLM).
     remote_url: str | None = Field(default=None, description="e.g. http://vllm:8000/v1")

@@ -5,8 +5,9 @@ Two figures, as exponential moving averages of measured step times:
   drafts verified with them): mostly reading the weights once, plus a little per row;
 - a prefill token's milliseconds (what a step takes beyond its decodes, per prompt token), by
   how far into its prompt the token is: a token attends to every position before it, so one
-  after 600 cached tokens costs ~1.5x one at the start (SmolLM2 on 2 cores). Two averages,
-  one for tokens near the start and one for tokens further on, give the line between them.
+  after 600 cached tokens costs more than one at the start. Two averages, one for tokens near
+  the start and one for tokens further on, give the line between them (bench/engine_itl.py
+  measures what the targets this serves cost).
 
 The scheduler sizes each step's prefill share from them to keep the time between two tokens of
 a running answer near a target (Sarathi-Serve's stall-free batching), and speculative decoding
@@ -18,7 +19,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-# Until measured: a 135M model on 2 CPU cores (bench/README.md), scaled by what is observed.
+# Until measured: a 135M model on 2 CPU cores (bench/engine_matmul.py's engine steps), scaled
+# by what is observed.
 PRIOR_DECODE_MS = 8.0
 PRIOR_ROW_MS = 2.0
 PRIOR_PREFILL_TOKEN_MS = 0.7

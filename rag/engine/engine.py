@@ -160,14 +160,14 @@ class Engine:
         )
 
     def _passage_stats(self) -> PassageStats:
-        if self.passages is None:
+        reuse = self.scheduler.reuse
+        if self.passages is None or reuse is None:
             return PassageStats()
         stats = self.passages.stats
-        s = self.scheduler
         return PassageStats(
-            hits=s.num_passage_hits, misses=s.num_passage_misses, evictions=stats.evictions,
+            hits=reuse.num_hits, misses=reuse.num_misses, evictions=stats.evictions,
             stored=stats.stored, reused_tokens=stats.reused_tokens,
-            recomputed_tokens=s.num_recomputed_tokens, entries=len(self.passages),
+            recomputed_tokens=reuse.num_recomputed_tokens, entries=len(self.passages),
             bytes=self.passages.used_bytes, capacity_bytes=self.passages.capacity_bytes,
             token_bytes=stats.token_bytes,
         )  # fmt: skip

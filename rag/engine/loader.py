@@ -1,7 +1,7 @@
 """Weights, tokenizer and chat template from a GGUF file or a Hugging Face safetensors folder.
 
-A GGUF is de-quantized by transformers' reader once (slow: ~15-30 s for SmolLM2) and saved as
-a plain safetensors folder under the cache directory; later loads read that folder (~1 s).
+A GGUF is de-quantized by transformers' reader once (slow) and saved as a plain safetensors
+folder under the cache directory; later loads read that folder, which is quick.
 """
 
 from __future__ import annotations

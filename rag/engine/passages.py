@@ -12,11 +12,14 @@ of computing it:
   compose, so this is exact up to rounding); values carry no position;
 - what independent computation misses (the passage's tokens attending to the other passages
   of this prompt) is repaired by recomputing its first `recompute_first` tokens in place, with
-  everything after them attending to the copy (EPIC's choice; bench/README.md measures it
+  everything after them attending to the copy (EPIC's choice; bench/ttft.py measures it
   against CacheBlend's deviation-based choice and against none); the last `recompute_last`
   passages (nearest the question, which reads them most closely) may be computed whole;
 - the rest of the prompt (passage headers, whose numbers change from prompt to prompt, the
   question, the template) is computed as usual, attending to everything before it.
+
+`ReusePlanner` makes that plan for each prompt the scheduler admits (what to copy, recompute
+and store), asking only the cache's index; the runner carries it out on the cache's tensors.
 
 A prompt whose passages are all new is computed exactly (as without this cache), and its
 passages are stored. The cache is a tier of its own, bounded in bytes, least recently used
@@ -28,11 +31,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rag.engine.sequence import ReusePlan
+
 if TYPE_CHECKING:
     import torch
+
+    from rag.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +138,109 @@ class PassageKVCache:
         with self._lock:
             self._entries.clear()
             self.used_bytes = 0
+
+
+@dataclass(frozen=True)
+class ReuseConfig:
+    # "first": the first `recompute_first` tokens of each reused passage are recomputed in
+    # place; "deviation": every token goes through the first layer, then the
+    # `recompute_ratio` of each reused passage that deviate most.
+    recompute_first: int = 8
+    recompute: str = "first"
+    recompute_ratio: float = 0.15
+    # The last passages of a prompt (those nearest the question, which it reads most closely)
+    # computed whole in place even when cached: their cached KV misses the most.
+    recompute_last: int = 0
+
+
+# The cache's index: a passage key -> the tokens cached under it, or None.
+PassageLookup = Callable[[str], "int | None"]
+
+
+class ReusePlanner:
+    """Plans how "blend" prompts use the passage cache: which passages are copied in, which
+    tokens around them are computed, which passages are stored once computed. It asks only
+    the cache's index (`lookup`), never its tensors: it runs inside the scheduler, and its
+    tests build the index by hand. `config` may be swapped between steps (the bench sweeps
+    it)."""
+
+    def __init__(self, config: ReuseConfig, lookup: PassageLookup, block_size: int) -> None:
+        self.config = config
+        self.lookup = lookup
+        self.block_size = block_size
+        self.num_hits = 0  # passages copied from the passage cache
+        self.num_misses = 0  # passages computed (and stored)
+        self.num_recomputed_tokens = 0  # tokens of reused passages recomputed in place
+
+    def trim_hit(self, seq: Sequence, hits: list[int], computed: int) -> tuple[list[int], int]:
+        """A prefix hit that ends a few tokens into a cached passage (segments of different
+        passages begin with the same few tokens) stops at the block before it: recomputing
+        those tokens is cheaper than computing the passage that copying would have skipped.
+        A hit that covers more of it than a copy would recompute is kept (exact)."""
+        if seq.kv_reuse != "blend" or not hits:
+            return hits, computed
+        for span in seq.segments:
+            n = span.end - span.start
+            if not span.start < computed < span.end or self.lookup(span.key) != n:
+                continue
+            if computed - span.start >= self.config.recompute_first:
+                return hits, computed
+            keep = span.start // self.block_size
+            return hits[:keep], keep * self.block_size
+        return hits, computed
+
+    def plan(self, seq: Sequence, computed: int) -> ReusePlan | None:
+        """Which of a prompt's passages come from the passage cache, which are stored there
+        once computed, for a prompt whose first `computed` tokens are cached already. None:
+        nothing to reuse or store (the prompt is computed as usual)."""
+        if seq.kv_reuse != "blend" or not seq.segments:
+            return None
+        first = self.config.recompute_first
+        by_deviation = self.config.recompute == "deviation"
+        ratio = self.config.recompute_ratio
+        positions: list[int] = []
+        candidates: list[bool] = []
+        copies: list[tuple[str, int, int]] = []
+        stores: list[tuple[str, int, int, int | None]] = []
+        cursor = computed
+        reused = recomputed = 0
+        # The prompt's passages in order, a cut one left out.
+        spans = [s for s in sorted(seq.segments, key=lambda s: s.start)
+                 if s.start < s.end <= seq.num_tokens]  # fmt: skip
+        in_place = len(spans) - self.config.recompute_last
+        for i, span in enumerate(spans):
+            n = span.end - span.start
+            held = self.lookup(span.key) == n
+            if not held:
+                # Stored once computed (a part inside the prefix hit is there already).
+                stores.append((span.key, span.start, n, span.chunk_id))
+            elif i >= in_place:
+                continue  # computed in place with what follows it (its entry stays as is)
+            elif span.start >= computed:  # else: inside the prefix hit (exact or a blend's)
+                keep = round(ratio * n) if by_deviation else min(first, n)
+                positions += range(cursor, span.start if by_deviation else span.start + keep)
+                candidates += [False] * (len(positions) - len(candidates))
+                if by_deviation:  # all through the first layer, `keep` of them past it
+                    positions += range(span.start, span.end)
+                    candidates += [True] * n
+                copies.append((span.key, span.start, n))
+                reused += n - keep
+                recomputed += keep
+                cursor = span.end
+        if not copies and not stores:
+            return None
+        positions += range(cursor, seq.num_tokens)
+        candidates += [False] * (len(positions) - len(candidates))
+        if seq.num_preemptions == 0:
+            seq.num_reused_tokens, seq.num_recomputed_tokens = reused, recomputed
+            self.num_hits += len(copies)
+            self.num_misses += len(stores)
+            self.num_recomputed_tokens += recomputed
+        if copies:
+            # Blocks past the first copy hold approximate KV: never shared as an exact prefix.
+            at = copies[0][1]
+            seq.exact_until = at if seq.exact_until is None else min(seq.exact_until, at)
+        return ReusePlan(
+            positions, tuple(copies), tuple(stores), seq.num_tokens,
+            candidates=candidates if by_deviation and copies else None, ratio=ratio,
+        )  # fmt: skip

@@ -13,7 +13,8 @@ what each needs:
 
 (*) where bfloat16 matmuls run natively (CUDA; a CPU with AVX512-BF16 or AMX). On a CPU
 without them (AVX2 only: AMD Zen 2/3, most desktop parts) torch emulates bfloat16 and a
-prefill matmul took 5-10x float32's time (bench/README.md), so the copy is float32 there.
+prefill matmul takes several times float32's (bench/engine_matmul.py; docs/decisions.md), so
+the copy is float32 there.
 
 The int4 groups have the shape of GGUF's Q4_1 (q in 0..15, w = scale * q + min, 32 weights a
 group), so a GGUF stored that way is held exactly: its decode is the float32 reference's up to
@@ -45,14 +46,14 @@ GROUP = 32  # weights per 4-bit group (and per 8-bit group of the embedding tabl
 # kernel multiplies in float32; from about here on, bfloat16 matmuls are faster on AVX512-BF16).
 DECODE_ROWS = 4
 # A decode step of at most this many rows runs through the fused step (csrc/decode.cpp, the
-# quantized kernel's float32 products): measured on an AVX512-BF16 CPU without AMX
-# (bench/README.md), a step of 6-16 rows there took 0.55-0.85x of the layers' bfloat16
-# matmuls. With AMX tiles bfloat16 matmuls overtake from about DECODE_ROWS on.
+# quantized kernel's float32 products): on an AVX512-BF16 CPU without AMX a step of up to 16
+# rows is faster fused than through the layers' bfloat16 matmuls (docs/decisions.md, measured
+# with bench/engine_burst.py). With AMX tiles bfloat16 matmuls overtake from about DECODE_ROWS on.
 FUSED_ROWS = 16
 # Where bfloat16 is emulated (AVX2 only: the dense copy is float32, 4 bytes a weight), the
-# quantized kernel stays ahead far longer: measured on AMD Zen 3 (bench/README.md), a decode
-# step of 32 rows took 194 ms fused, 256 through the layers' kernel and 361 through float32
-# matmuls; at 48 rows the float32 matmuls were ahead (309 against 327 fused).
+# quantized kernel stays ahead far longer: on an AVX2-only AMD Zen 3 the fused step was the
+# fastest up to 32 rows and the float32 matmuls from 48 on (docs/decisions.md, "CPUs without
+# AVX512-BF16").
 EMULATED_ROWS = 32
 
 

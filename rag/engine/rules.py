@@ -87,7 +87,7 @@ def fits(content: str, piece: str, n: int, only: frozenset[int] | None = None) -
 
 class CitationMask:
     """The tokens allowed inside an open marker, from the vocabulary's texts (built on first
-    use: decoding every token takes ~1 s)."""
+    use: decoding every token of the vocabulary takes a while)."""
 
     def __init__(self, token_texts: Callable[[], Sequence[str]]) -> None:
         self._load = token_texts

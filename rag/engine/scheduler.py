@@ -4,7 +4,8 @@ Every step mixes the running sequences' decodes with prefill chunks of new promp
 token budget. When KV blocks run out, the newest running sequence is preempted: its blocks
 are freed and it is recomputed later (its tokens are kept, and the prefix cache often brings
 most of them back for free). The scheduler talks to the model runner only through the plain
-dataclasses of rag.engine.step, so its tests build step results by hand.
+dataclasses of rag.engine.step, so its tests build step results by hand. Features are asked,
+not inlined: rag.engine.spec sizes the drafts, rag.engine.passages plans passage reuse.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rag.engine.blocks import BlockManager
 from rag.engine.costs import StepCosts
+from rag.engine.passages import PassageLookup, ReuseConfig, ReusePlanner
 from rag.engine.sequence import (
     FinishReason,
     ReusePlan,
@@ -45,18 +46,21 @@ class SchedulerConfig:
     itl_target_ms: float | None = None
     # Prompt tokens a step always admits while answers stream, so prompts still advance.
     min_prefill_chunk: int = 32
-    # Passage KV reuse ("blend" prompts, rag.engine.passages): the first tokens of each
-    # reused passage that are recomputed in place; or ("deviation") every token through the
-    # first layer, then the `recompute_ratio` of each reused passage that deviate most.
-    recompute_first: int = 8
-    recompute: str = "first"
-    recompute_ratio: float = 0.15
-    # The last passages of a prompt (those nearest the question, which it reads most closely)
-    # computed whole in place even when cached: their cached KV misses the most.
-    recompute_last: int = 0
+    # Passage KV reuse for "blend" prompts (rag.engine.passages), when there is a cache.
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
 
 
-PassageLookup = Callable[[str], "int | None"]
+@dataclass
+class StepBudget:
+    """What is left of one step while it is filled, and what it yields so far."""
+
+    tokens: int  # tokens in all
+    prefill: int  # prompt tokens among them (capped while answers stream)
+    drafting: bool  # whether this step's decodes may draft
+    # Rows and expected tokens so far, every decode counted: drafts are sized against what
+    # the whole step yields per millisecond.
+    rows: int
+    expected: float
 
 
 class Scheduler:
@@ -68,8 +72,12 @@ class Scheduler:
     ):
         self.config = config
         self.bm = block_manager
-        # The passage KV cache's index (key -> tokens cached), for planning reuse.
-        self.passages = passages
+        # Plans passage reuse with the passage KV cache's index (key -> tokens cached).
+        self.reuse = (
+            ReusePlanner(config.reuse, passages, block_manager.block_size)
+            if passages is not None
+            else None
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -79,9 +87,6 @@ class Scheduler:
         self.num_scheduled_tokens = 0
         self.num_drafted = 0  # draft tokens verified
         self.num_accepted = 0  # of which accepted
-        self.num_passage_hits = 0  # passages copied from the passage cache
-        self.num_passage_misses = 0  # passages computed (and stored)
-        self.num_recomputed_tokens = 0  # tokens of reused passages recomputed in place
         self.costs = StepCosts()  # the engine feeds it the measured step times
 
     # ----- requests
@@ -126,100 +131,164 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished=self._finished_since_step)
         self._finished_since_step = []
-        budget = self.config.max_num_batched_tokens
+        budget = self._budget()
+        self._schedule_running(budget, out)
+        if not out.preempted:  # a step that had to preempt admits nothing
+            self._admit_waiting(budget, out)
+        self.num_steps += 1
+        self.num_scheduled_tokens += out.num_tokens
+        return out
 
-        # While answers stream, prompt tokens are capped so that the step stays near the
-        # time-between-tokens target.
+    def _budget(self) -> StepBudget:
+        """The step's token budget. While answers stream, prompt tokens are capped so that
+        the step stays near the time-between-tokens target."""
+        tokens = self.config.max_num_batched_tokens
         decoding = sum(1 for s in self.running if self._left(s) == 1)
-        prefill_left = budget
+        prefill = tokens
         if self.config.itl_target_ms is not None and decoding:
             # Priced where the next prompt chunk starts: a running prompt's next token, else
             # a new prompt's first.
             start = next((s.num_computed_tokens for s in self.running if self._left(s) > 1), 0)
-            prefill_left = self.costs.prefill_budget(
-                decoding, self.config.itl_target_ms, self.config.min_prefill_chunk, budget, start
+            prefill = self.costs.prefill_budget(
+                decoding, self.config.itl_target_ms, self.config.min_prefill_chunk, tokens, start
             )
-        # Drafts are sized against what the whole step yields per millisecond.
         spec = self.config.spec
         drafting = spec is not None and len(self.running) <= spec.max_batch
-        rows, expected = decoding, float(decoding)
+        return StepBudget(tokens, prefill, drafting, rows=decoding, expected=float(decoding))
 
-        # 1. Running sequences first, oldest first: decodes and unfinished prefills.
+    def _schedule_running(self, budget: StepBudget, out: SchedulerOutput) -> None:
+        """Running sequences first, oldest first: decodes (with their drafts) and unfinished
+        prefills; when blocks run out, the newest running sequences are preempted."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget.tokens > 0:
             seq = self.running[i]
+            i += 1  # preemption only removes sequences after this one
             left = self._left(seq)
-            if left > 1 and prefill_left <= 0:
-                i += 1
+            if left > 1 and budget.prefill <= 0:
                 continue  # its prompt waits: this step's prompt share is spent
-            num_new = min(left, budget, prefill_left if left > 1 else 1)
-            drafts: list[int] = []
-            if drafting and left == 1:
-                drafts = self._drafts(seq, budget - 1, rows, expected)
-            if drafts and self.bm.allocate_slots(seq, 1 + len(drafts)) is None:
-                drafts = []  # no room to verify: decode one token as usual
+            num_new = min(left, budget.tokens, budget.prefill if left > 1 else 1)
+            drafts = self._drafts(seq, budget) if left == 1 else []
             if not drafts and not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq preempted itself: nothing after it is left running
             out.chunks.append(self._chunk(seq, num_new, drafts))
-            if drafts and seq.spec is not None:
-                rows += len(drafts)
-                expected += seq.spec.expected_tokens(len(drafts)) - 1
-            budget -= num_new + len(drafts)
+            budget.tokens -= num_new + len(drafts)
             if left > 1:
-                prefill_left -= num_new
-            i += 1
+                budget.prefill -= num_new
 
-        # 2. Admit waiting sequences, unless this step had to preempt.
-        if not out.preempted:
-            watermark = int(self.config.watermark * self.bm.num_blocks)
-            while (
-                self.waiting
-                and min(budget, prefill_left) > 0
-                and len(self.running) < self.config.max_num_seqs
-            ):
-                seq = self.waiting[0]
-                hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
-                exact = num_hit_tokens
-                if seq.kv_reuse == "blend":  # an earlier blend of the same tokens, further on
-                    hits = hits + self.bm.get_blend_blocks(seq, hits)
-                    num_hit_tokens = len(hits) * self.bm.block_size
-                hits, num_hit_tokens = self._trim_hit(seq, hits, num_hit_tokens)
-                if num_hit_tokens > exact:
-                    seq.exact_until = _first(seq.exact_until, exact)
-                plan = self._plan(seq, num_hit_tokens)
-                if plan is not None and plan.sparse:
-                    # Blocks for the whole prompt at once: the copies land all over it.
-                    num_new = min(plan.left, budget, prefill_left)
-                    if plan.candidates is not None:
-                        # In one step: the choice is made over the whole prompt; most of its
-                        # tokens only go through the first layer.
-                        num_new = plan.left
-                    span = seq.num_tokens - num_hit_tokens
-                else:
-                    num_new = min(seq.num_tokens - num_hit_tokens, budget, prefill_left)
-                    span = num_new
-                need = self.bm.blocks_needed(num_hit_tokens + span) - len(hits)
-                if self.bm.num_free_blocks - need < watermark and self.running:
-                    break
-                if self.bm.allocate_slots(seq, span, hits) is None:
-                    break
-                self.waiting.popleft()
-                seq.plan = plan
-                self.bm.record_prefix_lookup(seq.num_tokens, num_hit_tokens)
-                seq.num_computed_tokens = num_hit_tokens
-                if seq.num_preemptions == 0:
-                    seq.num_cached_tokens = num_hit_tokens
-                seq.status = SequenceStatus.RUNNING
-                if seq.first_scheduled_time is None:
-                    seq.first_scheduled_time = time.monotonic()
-                self.running.append(seq)
-                out.chunks.append(self._chunk(seq, num_new))
-                budget -= num_new
-                prefill_left -= num_new
+    def _drafts(self, seq: Sequence, budget: StepBudget) -> list[int]:
+        """Draft tokens for a decoding sequence (prompt lookup), within the rest of this
+        step's budget, its max_tokens and the context, as many as pay for themselves, with
+        blocks to verify them; they join the step's rows and expected tokens."""
+        spec = self.config.spec
+        room = budget.tokens - 1
+        if not budget.drafting or spec is None or room <= 0:
+            return []
+        if seq.spec is None:
+            seq.spec = SpecState()
+        state = seq.spec
+        if state.pause > 0:
+            state.pause -= 1
+            return []
+        left = self.config.max_model_len - seq.num_tokens - 1
+        if seq.params.max_tokens is not None:
+            left = min(left, seq.params.max_tokens - seq.num_output_tokens - 1)
+        cap = min(spec.k_max, room, left)
+        k = choose_k(state, cap, budget.rows, budget.expected, self.costs.decode_ms)
+        drafts = state.propose(seq.token_ids, k, spec) if k > 0 else []
+        if not drafts or self.bm.allocate_slots(seq, 1 + len(drafts)) is None:
+            return []  # none, or no room to verify: decode one token as usual
+        budget.rows += len(drafts)
+        budget.expected += state.expected_tokens(len(drafts)) - 1
+        return drafts
 
-        self.num_steps += 1
-        self.num_scheduled_tokens += out.num_tokens
-        return out
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Allocate for seq, preempting the newest running sequences until it fits."""
+        while self.bm.allocate_slots(seq, num_new) is None:
+            victim = self.running[-1]  # newest; not scheduled yet in this step
+            self._preempt(victim)
+            out.preempted.append(victim.request_id)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.plan = None
+        seq.exact_until = None
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        logger.debug("preempted request %s (recompute)", seq.request_id)
+
+    def _admit_waiting(self, budget: StepBudget, out: SchedulerOutput) -> None:
+        """Waiting sequences, oldest first, while the budget, max_num_seqs and the free blocks
+        above the watermark allow: each starts from its cached prefix, planned for reuse."""
+        watermark = int(self.config.watermark * self.bm.num_blocks)
+        while (
+            self.waiting
+            and min(budget.tokens, budget.prefill) > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            hits, num_hit_tokens = self._prefix_hit(seq)
+            plan = self.reuse.plan(seq, num_hit_tokens) if self.reuse is not None else None
+            num_new, span = self._prefill_span(seq, num_hit_tokens, plan, budget)
+            need = self.bm.blocks_needed(num_hit_tokens + span) - len(hits)
+            if self.bm.num_free_blocks - need < watermark and self.running:
+                break
+            if self.bm.allocate_slots(seq, span, hits) is None:
+                break
+            self.waiting.popleft()
+            self._start(seq, num_hit_tokens, plan)
+            out.chunks.append(self._chunk(seq, num_new))
+            budget.tokens -= num_new
+            budget.prefill -= num_new
+
+    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], int]:
+        """The cached blocks a waiting sequence starts from, and the tokens they hold: its
+        exact prefix, and for a "blend" prompt an earlier blend of the same tokens further
+        on (trimmed where reuse would do better)."""
+        hits, num_hit_tokens = self.bm.get_computed_blocks(seq)
+        exact = num_hit_tokens
+        if seq.kv_reuse == "blend":
+            hits = hits + self.bm.get_blend_blocks(seq, hits)
+            num_hit_tokens = len(hits) * self.bm.block_size
+        if self.reuse is not None:
+            hits, num_hit_tokens = self.reuse.trim_hit(seq, hits, num_hit_tokens)
+        if num_hit_tokens > exact:
+            seq.exact_until = exact if seq.exact_until is None else min(seq.exact_until, exact)
+        return hits, num_hit_tokens
+
+    def _prefill_span(
+        self, seq: Sequence, computed: int, plan: ReusePlan | None, budget: StepBudget
+    ) -> tuple[int, int]:
+        """Tokens an admitted sequence computes this step, and how many tokens past its
+        cached prefix it takes blocks for."""
+        if plan is None or not plan.sparse:
+            num_new = min(seq.num_tokens - computed, budget.tokens, budget.prefill)
+            return num_new, num_new
+        # Blocks for the whole prompt at once: the copies land all over it. By deviation in
+        # one step: the choice is made over the whole prompt; most of its tokens only go
+        # through the first layer.
+        num_new = min(plan.left, budget.tokens, budget.prefill)
+        if plan.candidates is not None:
+            num_new = plan.left
+        return num_new, seq.num_tokens - computed
+
+    def _start(self, seq: Sequence, computed: int, plan: ReusePlan | None) -> None:
+        """An admitted sequence runs from its first `computed` tokens, already cached."""
+        seq.plan = plan
+        self.bm.record_prefix_lookup(seq.num_tokens, computed)
+        seq.num_computed_tokens = computed
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = computed
+        seq.status = SequenceStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        self.running.append(seq)
 
     def postprocess(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[StepResult]:
         """Advance the scheduled sequences by the step's results; finish those that are done."""
@@ -272,77 +341,6 @@ class Scheduler:
             return plan.left
         return seq.num_tokens - seq.num_computed_tokens
 
-    def _trim_hit(self, seq: Sequence, hits: list[int], computed: int) -> tuple[list[int], int]:
-        """A prefix hit that ends a few tokens into a cached passage (segments of different
-        passages begin with the same few tokens) stops at the block before it: recomputing
-        those tokens is cheaper than computing the passage that copying would have skipped.
-        A hit that covers more of it than a copy would recompute is kept (exact)."""
-        if seq.kv_reuse != "blend" or self.passages is None or not hits:
-            return hits, computed
-        for span in seq.segments:
-            n = span.end - span.start
-            if not span.start < computed < span.end or self.passages(span.key) != n:
-                continue
-            if computed - span.start >= self.config.recompute_first:
-                return hits, computed
-            keep = span.start // self.bm.block_size
-            return hits[:keep], keep * self.bm.block_size
-        return hits, computed
-
-    def _plan(self, seq: Sequence, computed: int) -> ReusePlan | None:
-        """Which of a prompt's passages come from the passage cache, which are stored there
-        once computed. None: nothing to reuse or store (the prompt is computed as usual)."""
-        if seq.kv_reuse != "blend" or not seq.segments or self.passages is None:
-            return None
-        first = self.config.recompute_first
-        by_deviation = self.config.recompute == "deviation"
-        ratio = self.config.recompute_ratio
-        positions: list[int] = []
-        candidates: list[bool] = []
-        copies: list[tuple[str, int, int]] = []
-        stores: list[tuple[str, int, int, int | None]] = []
-        cursor = computed
-        reused = recomputed = 0
-        # The prompt's passages in order, a cut one left out.
-        spans = [s for s in sorted(seq.segments, key=lambda s: s.start)
-                 if s.start < s.end <= seq.num_tokens]  # fmt: skip
-        in_place = len(spans) - self.config.recompute_last
-        for i, span in enumerate(spans):
-            n = span.end - span.start
-            held = self.passages(span.key) == n
-            if not held:
-                # Stored once computed (a part inside the prefix hit is there already).
-                stores.append((span.key, span.start, n, span.chunk_id))
-            elif i >= in_place:
-                continue  # computed in place with what follows it (its entry stays as is)
-            elif span.start >= computed:  # else: inside the prefix hit (exact or a blend's)
-                keep = round(ratio * n) if by_deviation else min(first, n)
-                positions += range(cursor, span.start if by_deviation else span.start + keep)
-                candidates += [False] * (len(positions) - len(candidates))
-                if by_deviation:  # all through the first layer, `keep` of them past it
-                    positions += range(span.start, span.end)
-                    candidates += [True] * n
-                copies.append((span.key, span.start, n))
-                reused += n - keep
-                recomputed += keep
-                cursor = span.end
-        if not copies and not stores:
-            return None
-        positions += range(cursor, seq.num_tokens)
-        candidates += [False] * (len(positions) - len(candidates))
-        if seq.num_preemptions == 0:
-            seq.num_reused_tokens, seq.num_recomputed_tokens = reused, recomputed
-            self.num_passage_hits += len(copies)
-            self.num_passage_misses += len(stores)
-            self.num_recomputed_tokens += recomputed
-        if copies:
-            # Blocks past the first copy hold approximate KV: never shared as an exact prefix.
-            seq.exact_until = _first(seq.exact_until, copies[0][1])
-        return ReusePlan(
-            positions, tuple(copies), tuple(stores), seq.num_tokens,
-            candidates=candidates if by_deviation and copies else None, ratio=ratio,
-        )  # fmt: skip
-
     def _chunk(
         self, seq: Sequence, num_new: int, drafts: list[int] | None = None
     ) -> ScheduledChunk:
@@ -380,47 +378,3 @@ class Scheduler:
             num_prompt=seq.num_prompt_tokens,
             stores=plan.stores if completes and plan is not None else (),
         )
-
-    def _drafts(self, seq: Sequence, room: int, rows: int, expected: float) -> list[int]:
-        """Draft tokens for a decoding sequence (prompt lookup), within `room` more tokens of
-        this step's budget, its max_tokens and the context, as many as pay for themselves."""
-        spec = self.config.spec
-        if spec is None or room <= 0:
-            return []
-        if seq.spec is None:
-            seq.spec = SpecState()
-        state = seq.spec
-        if state.pause > 0:
-            state.pause -= 1
-            return []
-        left = self.config.max_model_len - seq.num_tokens - 1
-        if seq.params.max_tokens is not None:
-            left = min(left, seq.params.max_tokens - seq.num_output_tokens - 1)
-        k = choose_k(state, min(spec.k_max, room, left), rows, expected, self.costs.decode_ms)
-        return state.propose(seq.token_ids, k, spec) if k > 0 else []
-
-    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        """Allocate for seq, preempting the newest running sequences until it fits."""
-        while self.bm.allocate_slots(seq, num_new) is None:
-            victim = self.running[-1]  # newest; not scheduled yet in this step
-            self._preempt(victim)
-            out.preempted.append(victim.request_id)
-            if victim is seq:
-                return False
-        return True
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.bm.free(seq)
-        seq.num_computed_tokens = 0
-        seq.plan = None
-        seq.exact_until = None
-        seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        logger.debug("preempted request %s (recompute)", seq.request_id)
-
-
-def _first(at: int | None, other: int) -> int:
-    return other if at is None else min(at, other)

@@ -16,10 +16,9 @@ The integer sums do not depend on which other rows share a call, so a linear com
 the same in any batch (the weight-only formats change kernel with the row count). Attention's
 float sums still change in their last bits with how a prompt is cut into chunks, and rounding
 to 8 bits can turn such a change into a step of an int8 value: a prompt computed in other
-chunks (after a prefix hit) gives a first token a KL of ~0.01 away, where float32 weights
-stay below 1e-5 (bench/README.md). Accuracy against float32 is measured
-in bench/README.md (perplexity, greedy agreement, docfaq F1); the kernel is
-csrc/i8gemm.cpp.
+chunks (after a prefix hit) moves its first token measurably, where float32 weights do not
+(`bench/ttft.py --slots`; docs/decisions.md). Accuracy against float32 (perplexity, greedy
+agreement, docfaq F1) is measured by bench/engine_accuracy.py; the kernel is csrc/i8gemm.cpp.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from rag.engine.model import AttentionMetadata, LlamaModel
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.5  # SmoothQuant's migration strength (measured best of 0.35-0.8, bench/README.md)
+ALPHA = 0.5  # SmoothQuant's migration strength (the best of those bench/engine_accuracy.py tried)
 CALIBRATION_TOKENS = 256  # tokens a calibration sequence, at most
 LINEARS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
            ("mlp", "down_proj"))  # fmt: skip

@@ -79,17 +79,14 @@ def check_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any]:
         if params:
             raise Invalid("index kind 'auto' takes no parameters: choose a kind to set them")
         return params
-    schema = getattr(index_class(kind), "param_schema", None)
-    if schema is None:  # a backend that declares none: its constructor judges
-        return params
-    return check(kind, schema, params)
+    return check(kind, index_class(kind).param_schema, params)
 
 
 def build_index(kind: str, dim: int, params: dict[str, Any] | None = None) -> VectorIndex:
     cls = index_class(kind)
     params = check_params(kind, params)
     try:
-        return cls(dim, **params)  # type: ignore[call-arg]
+        return cls(dim, **params)
     except TypeError as exc:
         raise Invalid(f"bad parameters for a {kind} index: {exc}") from exc
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -18,12 +18,16 @@ import numpy as np
 import numpy.typing as npt
 
 from rag.errors import Invalid
+from rag.index.filters import Where
+from rag.index.params import Param
 from rag.knobs import Knobs
 
 Ids = npt.NDArray[np.int64]
 Vectors = npt.NDArray[np.float32]
 # What a caller may pass as a filter: any collection of labels, or an int array of them.
 Allowed = Collection[int] | npt.NDArray[np.integer[Any]]
+# Each added row's (document id, metadata), for an index that filters inside its engine.
+Attrs = Sequence[tuple[str, dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +46,59 @@ class Hits:
 
 @runtime_checkable
 class VectorIndex(Protocol):
-    kind: str
+    """What every backend is. Its traits are class attributes each backend declares (the
+    contract suite checks them); a method a backend has nothing to do for is a no-op there.
+    How an index is kept in step with SQL is not its business: see rag.index.keeper."""
+
+    kind: str  # its name in rag.index.KINDS
     dim: int
+    # Traits.
+    shared: bool  # lives in an engine every replica shares (the shared keeper keeps it)
+    snapshots: bool  # `save` and `load` files of it (False: it lives in its engine)
+    wants_attributes: bool  # `add` is given each row's document id and metadata
+    filters_inside: bool  # `search` evaluates a `where` inside the engine's own search
+    param_schema: Mapping[str, Param]  # the build parameters it takes, with their bounds
+
+    def __init__(self, dim: int, **params: Any) -> None:
+        """An empty index; `params` are among those `param_schema` declares."""
+        ...
 
     @property
     def params(self) -> dict[str, Any]:
         """Build parameters, as recorded in a snapshot manifest."""
         ...
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
-        """Insert vectors under labels; re-adding a live label replaces its vector."""
+    @property
+    def effort_knob(self) -> str | None:
+        """The knob that sets a search's cost ("ef_search" or "nprobe"); None when nothing
+        does (an exact scan): the retriever's budget reads it."""
+        ...
+
+    @property
+    def needs_retrain(self) -> bool:
+        """Grown far past what it was trained on: a rebuild retrains it."""
+        ...
+
+    @property
+    def deleted_count(self) -> int:
+        """Tombstones: slots removed labels hold until a rebuild reclaims them."""
+        ...
+
+    def default_ef_search(self) -> int:
+        """The ef a search uses when it names none; 0 for a kind without a graph."""
+        ...
+
+    def default_nprobe(self) -> int:
+        """The lists a search probes when it names none; 0 for a kind without lists."""
+        ...
+
+    def nprobe_max(self) -> int:
+        """The most lists a search can probe (those trained); 0 for a kind without lists."""
+        ...
+
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
+        """Insert vectors under labels; re-adding a live label replaces its vector. `attrs`
+        is kept only by an index that `wants_attributes`."""
         ...
 
     def remove(self, ids: Ids) -> int:
@@ -65,8 +112,21 @@ class VectorIndex(Protocol):
         removed earlier and kept as tombstones. Returns how many were live."""
         ...
 
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
-        """Top-k per query row. `allowed` restricts results inside the search."""
+    def compact(self) -> None:
+        """Have an engine reclaim the rows removes left in its storage now (an in-process
+        index has none: `erase` already left nothing)."""
+        ...
+
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
+        """Top-k per query row. `allowed` restricts results inside the search; so does
+        `where` for an index that `filters_inside` (others ignore it: their caller resolved
+        the filter to `allowed`)."""
         ...
 
     def ids(self) -> Ids:
@@ -81,6 +141,36 @@ class VectorIndex(Protocol):
 
     @classmethod
     def load(cls, path: Path) -> VectorIndex: ...
+
+
+class InProcess:
+    """The `VectorIndex` members an index in this process's memory has nothing to do for:
+    no knob sets its cost, nothing to retrain, no tombstones, nothing for an engine to
+    compact. A backend overrides those it has."""
+
+    @property
+    def effort_knob(self) -> str | None:
+        return None
+
+    @property
+    def needs_retrain(self) -> bool:
+        return False
+
+    @property
+    def deleted_count(self) -> int:
+        return 0
+
+    def default_ef_search(self) -> int:
+        return 0
+
+    def default_nprobe(self) -> int:
+        return 0
+
+    def nprobe_max(self) -> int:
+        return 0
+
+    def compact(self) -> None:
+        return None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -185,12 +275,11 @@ def unpad(scores: npt.NDArray[np.float32], labels: npt.NDArray[np.int64]) -> lis
 
 
 def auto_ef_search(n_vectors: int) -> int:
-    """HNSW's candidate list when a collection has not set one: 128 up to 100k vectors
-    (recall@10 ~0.99 on MiniLM vectors at 25k), then growing as n^0.7, because a denser graph
-    needs a longer walk for the same recall (on the bench's 1M set hnswlib gives 0.87 at 128,
-    0.92 at 256, 0.947 at 510, 0.958 at 642); capped at 1024. A few hundred candidates cost a
-    millisecond or so, against ~5 ms to embed the query; `rag tune` finds the cheapest setting
-    per collection."""
+    """HNSW's candidate list when a collection has not set one: 128 up to 100k vectors, then
+    growing as n^0.7, because a denser graph needs a longer walk for the same recall
+    (bench/search.py sweeps ef_search at 25k vectors and at a synthetic 1M; the runs that chose
+    these numbers are in docs/decisions.md); capped at 1024. A few hundred candidates cost less
+    than embedding the query; `rag tune` finds the cheapest setting per collection."""
     if n_vectors <= 100_000:
         return 128
     return min(1024, int(round(128 * (n_vectors / 100_000) ** 0.7)))

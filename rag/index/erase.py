@@ -30,14 +30,14 @@ def erase_removed(db: Database, collection_id: str, live: Live) -> None:
 
 
 def compact_removed(db: Database, collection_id: str, live: Live) -> None:
-    """A Milvus-backed index (caught up): the writer deleted removed chunks as it applied
-    them; what is left is to have Milvus compact them out of its segments."""
+    """An index in a shared engine (caught up): the writer deleted removed chunks as it
+    applied them; what is left is to have the engine compact them out of its storage."""
     if live.erased_to >= live.watermark:
         return
     with db.connect() as conn:
         removed = changelog.removed_between(conn, collection_id, live.erased_to, live.watermark)
     if removed:
-        live.index.compact()  # type: ignore[attr-defined]
+        live.index.compact()
     live.erased_to = live.watermark
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,10 @@ import numpy as np
 
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
+    InProcess,
     RWLock,
     Vectors,
     allowed_array,
@@ -22,17 +25,22 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.index.filters import Where
 from rag.index.params import Param
 from rag.knobs import Knobs
 
 log = logging.getLogger(__name__)
 
 
-class ExactIndex:
+class ExactIndex(InProcess):
     """Rows in one growable matrix; a label maps to its row, removal moves the last row in."""
 
     kind = "exact"
-    param_schema: dict[str, Param] = {}
+    shared = False
+    snapshots = True
+    wants_attributes = False
+    filters_inside = False
+    param_schema: Mapping[str, Param] = {}
 
     def __init__(self, dim: int, **params: Any) -> None:
         if params:
@@ -55,7 +63,7 @@ class ExactIndex:
         with self._lock.read():
             return self._labels[: self._n].copy()
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
         with self._lock.write():
             for label, vector in zip(ids.tolist(), vectors, strict=True):
@@ -104,7 +112,13 @@ class ExactIndex:
             self._labels[self._n :] = 0
         return removed
 
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         with self._lock.read():
             vectors = self._vectors[: self._n]

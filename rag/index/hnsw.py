@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ import numpy as np
 
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
+    InProcess,
     RWLock,
     Vectors,
     allowed_array,
@@ -32,6 +35,7 @@ from rag.index.base import (
     read_meta,
     write_meta,
 )
+from rag.index.filters import Where
 from rag.index.params import Param
 from rag.knobs import Knobs
 
@@ -45,12 +49,17 @@ BRUTE_FORCE_MAX = 2048
 _BLOCK = 8192
 
 
-class HnswIndex:
+class HnswIndex(InProcess):
     kind = "hnsw"
+    shared = False
+    snapshots = True
+    wants_attributes = False
+    filters_inside = False
+    effort_knob = "ef_search"
     brute_force_max = BRUTE_FORCE_MAX
     # hnswlib allocates capacity x (vector + 2m links) at once: at 384-d and m=16 the
     # largest initial capacity is ~170 MB (it grows by doubling as vectors arrive anyway).
-    param_schema = {
+    param_schema: Mapping[str, Param] = {
         "m": Param(int, 2, 128, doc="links per node"),
         "ef_construction": Param(int, 1, 4096, doc="candidate list while building"),
         "ef_search": Param(int, 1, 10_000, nullable=True, doc="default search candidates"),
@@ -114,7 +123,7 @@ class HnswIndex:
         with self._lock.read():
             return np.fromiter(self._live, dtype=np.int64, count=len(self._live))
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
         if not len(ids):
             return
@@ -162,7 +171,13 @@ class HnswIndex:
                 self._matrix = None
         return removed
 
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         ef = max(knobs.ef_search or self.default_ef_search(), knobs.top_k)
         if allowed is None and not knobs.exact:

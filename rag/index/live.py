@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rag.index.base import Hits, VectorIndex
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,3 +70,27 @@ class Live:
                 None if self.caught_up_at is None else time.monotonic() - self.caught_up_at
             ),
         )
+
+    def catch_up(self, apply: Callable[[Live, float | None], int], wait_s: float | None) -> int:
+        """Run `apply` (a keeper's catch-up) under the lock; returns the rows it applied.
+
+        With `wait_s`, gives up (and marks the index stale) if another thread is applying
+        changes for longer than that, and a failure is logged rather than raised: the caller
+        then searches what is there."""
+        if not self.lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            self.stale = True
+            return 0
+        try:
+            count = apply(self, wait_s)
+        except Exception:
+            self.stale = True
+            log.exception("index catch-up failed for collection %s", self.collection_id)
+            if wait_s is None:
+                raise
+            return 0
+        else:
+            self.stale = False
+            self.caught_up_at = time.monotonic()
+            return count
+        finally:
+            self.lock.release()

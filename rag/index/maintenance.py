@@ -105,8 +105,8 @@ class Maintainer:
             self.manager.rebuild(collection_id)
             return
         outgrown = live.auto and index.kind != default_kind_for(n) and n >= EXACT_MAX
-        retrain = bool(getattr(index, "needs_retrain", False))
-        tombstones = int(getattr(index, "deleted_count", 0))
+        retrain = index.needs_retrain
+        tombstones = index.deleted_count
         if not live.building and (outgrown or retrain or tombstones > max(1000, n)):
             log.info(
                 "index %s: rebuilding (outgrown=%s retrain=%s tombstones=%d)",

@@ -36,12 +36,13 @@ class Param:
                 raise Invalid(f"{where} must be true or false")
             return
         # JSON has one number type: a bool is not one, and an int parameter takes no 1.5.
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and self.kind is int and isinstance(value, float):
-            ok = value.is_integer()
-        if not ok:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (self.kind is int and isinstance(value, float) and not value.is_integer())
+        ):
             raise Invalid(f"{where} must be {'an integer' if self.kind is int else 'a number'}")
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
         if (self.low is not None and number < self.low) or (
             self.high is not None and number > self.high
         ):

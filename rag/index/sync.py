@@ -97,17 +97,17 @@ class SqlSource:
         ids: Ids,
         vectors: Vectors,
     ) -> None:
-        if getattr(index, "wants_attributes", False):
-            # An index that filters inside its own search (Milvus) keeps each chunk's
-            # document id and metadata beside its vector.
-            if session is None:
-                with self.db.read() as own:
-                    attrs = chunks.attributes_of(own, collection_id, ids.tolist())
-            else:
-                attrs = chunks.attributes_of(session, collection_id, ids.tolist())
-            index.add(ids, vectors, attrs)  # type: ignore[call-arg]
-        else:
+        if not index.wants_attributes:
             index.add(ids, vectors)
+            return
+        # An index that filters inside its own search (Milvus) keeps each chunk's document id
+        # and metadata beside its vector.
+        if session is None:
+            with self.db.read() as own:
+                attrs = chunks.attributes_of(own, collection_id, ids.tolist())
+        else:
+            attrs = chunks.attributes_of(session, collection_id, ids.tolist())
+        index.add(ids, vectors, attrs)
 
     def apply_changes(
         self, collection_id: str, index: VectorIndex, watermark: int

@@ -94,7 +94,7 @@ class Metrics:
         )
         self.weak = Counter(
             "rag_answers_weak",
-            "Answers refused or given from a top passage below quality.weak_score",
+            "Answers refused or given from a top passage below quality.advanced.weak_score",
             ["collection"],
             registry=self.registry,
         )

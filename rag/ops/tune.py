@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from rag.db import chunks, collections
 from rag.db.models import now
 from rag.errors import Invalid, NotFound
+from rag.index.base import VectorIndex
 from rag.knobs import Knobs
 from rag.services import Services
 
@@ -47,11 +48,32 @@ class TuneReport:
     points: list[Point]
     chosen: Point | None
     applied: bool
+    measured_at: float | None = None  # set when stored
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["measured_at"] = now()
         return out
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any], collection_id: str, kind: str) -> TuneReport:
+        """A report as `as_dict` stored it for the collection (`kind`: the collection's, where
+        none was stored)."""
+        points = [_point(p) for p in stored.get("points", [])]
+        chosen = _point(stored["chosen"]) if stored.get("chosen") else None
+        return cls(
+            collection_id=collection_id,
+            kind=str(stored.get("kind", kind)),
+            k=int(stored.get("k", 10)),
+            queries=int(stored.get("queries", 0)),
+            target_recall=float(stored.get("target_recall", 0.0)),
+            budget_ms=stored.get("budget_ms"),
+            points=points,
+            # The very point of the sweep, as `table` marks it.
+            chosen=next((p for p in points if p == chosen), chosen),
+            applied=bool(stored.get("applied", False)),
+            measured_at=stored.get("measured_at"),
+        )
 
     def table(self) -> str:
         lines = [
@@ -85,12 +107,12 @@ def pareto(points: list[Point]) -> list[Point]:
     ]
 
 
-def sweep_values(kind: str, k: int, index: Any) -> tuple[str | None, list[int | None]]:
+def sweep_values(kind: str, k: int, index: VectorIndex) -> tuple[str | None, list[int | None]]:
     if kind in ("hnsw", "faiss_hnsw"):
         efs = sorted({max(k, v) for v in (8, 16, 24, 32, 48, 64, 96, 128, 256, 512)})
         return "ef_search", list[int | None](efs)
     if kind.startswith("faiss_ivf"):
-        nlist = int(index.params.get("nlist") or getattr(index, "_trained_nlist", 0) or 64)
+        nlist = int(index.params.get("nlist") or index.nprobe_max() or 64)
         probes: list[int | None] = [
             v for v in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128) if v <= nlist
         ]
@@ -198,6 +220,10 @@ def tune(
         with services.db.write() as s:
             collections.set_tuning(s, collection_id, report.as_dict(), None)
     return report
+
+
+def _point(stored: dict[str, Any]) -> Point:
+    return Point(**{f.name: stored[f.name] for f in fields(Point)})
 
 
 def choose(points: list[Point], target_recall: float, budget_ms: float | None) -> Point | None:

@@ -63,7 +63,7 @@ def build(
         "seed": params.seed,
         "budget_ms": req.budget_ms,
     }
-    weak = final.answer_source == "refused" or top is None or top < settings.weak_score
+    weak = final.answer_source == "refused" or top is None or top < settings.advanced.weak_score
     return sql.NewAnswer(
         id=answer_id,
         tenant_id=prep.tenant_id,
@@ -98,7 +98,7 @@ class Recorder:
     ) -> None:
         self.db = db
         self.settings = settings
-        self._queue: queue.Queue[sql.NewAnswer] = queue.Queue(settings.queue)
+        self._queue: queue.Queue[sql.NewAnswer] = queue.Queue(settings.advanced.queue)
         self._write = write or self._write_sql
         self._pending: set[str] = set()
         self._written = threading.Condition()
@@ -150,17 +150,17 @@ class Recorder:
     def _run(self) -> None:
         while not self._loop.stop.is_set():
             try:
-                first = self._queue.get(timeout=self.settings.flush_s)
+                first = self._queue.get(timeout=self.settings.advanced.flush_s)
             except queue.Empty:
                 continue
             # What arrives within `flush_s` of the first joins its transaction: one write per
             # interval under load, not one per answer.
-            self._loop.stop.wait(self.settings.flush_s)
+            self._loop.stop.wait(self.settings.advanced.flush_s)
             self._drain([first])
 
     def _drain(self, batch: list[sql.NewAnswer] | None = None) -> bool:
         batch = batch or []
-        while len(batch) < self.settings.batch:
+        while len(batch) < self.settings.advanced.batch:
             try:
                 batch.append(self._queue.get_nowait())
             except queue.Empty:

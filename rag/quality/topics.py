@@ -3,10 +3,10 @@ clustered by meaning, the most missing evidence first, so an owner sees which do
 missing.
 
 Agglomerative clustering (scikit-learn) of the questions' embeddings with average linkage
-under cosine distance, cut at `quality.topic_distance`: the number of topics is not fixed in
-advance, and a stray question stays alone rather than diluting a topic. At most
-`quality.topics_max_questions` (the newest) are clustered, on request: nothing of a topic is
-stored, so there is nothing to erase beyond the answers themselves.
+under cosine distance, cut at `quality.advanced.topic_distance`: the number of topics is not
+fixed in advance, and a stray question stays alone rather than diluting a topic. At most
+`quality.advanced.topics_max_questions` (the newest) are clustered, on request: nothing of a
+topic is stored, so there is nothing to erase beyond the answers themselves.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Every process runs one (as it runs a purger); each round, every `quality.interval_s`:
 
-- questions: once `drift.check_every` questions are new since a collection's last test, the
+- questions: once `drift.advanced.check_every` questions are new since a collection's last test, the
   latest `drift.window` of them (those not in the reference) are tested against its
   reference window (rag.quality.drift.mmd_test). The reference is the collection's first
   `drift.reference_size` questions, copied into drift_windows when there are that many, or
-  the window an operator pinned (`pin`). The alert is `drift.consecutive` tests past the
+  the window an operator pinned (`pin`). The alert is `drift.advanced.consecutive` tests past the
   threshold running; the score is the last statistic over its threshold.
 - content: once `drift.content_min_new` documents were indexed since the last test, their
   vectors (each document's mean chunk vector) against the documents indexed before.
@@ -78,7 +78,7 @@ class Watch:
             state = drift_sql.state(session, collection_id, "questions")
             mark = state.mark if state is not None else 0
             new = sql.count_after(session, collection_id, mark / 1_000_000)
-            if not force and new < cfg.check_every:
+            if not force and new < cfg.advanced.check_every:
                 return Checked(collection_id, "questions", False, note="too few new questions")
             reference = drift_sql.reference(session, collection_id)
             first: list[Asked] = []
@@ -102,7 +102,7 @@ class Watch:
         new_mark = micros(newest)
         test = self._test(collection_id, "questions", new_mark, vectors(reference), vectors(recent))
         streak = (state.streak if state is not None else 0) + 1 if test.exceeded else 0
-        alert = streak >= cfg.consecutive
+        alert = streak >= cfg.advanced.consecutive
         shift = scores_shift(
             [r.top_score for r in reference if r.top_score is not None],
             [r.top_score for r in recent if r.top_score is not None],
@@ -186,7 +186,7 @@ class Watch:
     def _test(self, collection_id: str, kind: str, mark: int, reference: F32, recent: F32) -> Test:
         cfg = self.settings.drift
         return mmd_test(
-            reference, recent, permutations=cfg.permutations, alpha=cfg.alpha,
+            reference, recent, permutations=cfg.advanced.permutations, alpha=cfg.advanced.alpha,
             seed=seed_of(collection_id, kind, mark),
         )  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 The declared type and the filename are hints, never the truth. A claim that the bytes
 contradict (a `.pdf` that is not a PDF, binary bytes sent as text/plain) is refused as
-spoofing, and so is anything outside the five types ragserve parses.
+spoofing, and so is anything outside the formats ragserve parses (`rag.upload.formats`).
 """
 
 from __future__ import annotations
@@ -15,33 +15,23 @@ import unicodedata
 import zipfile
 
 from rag.errors import Invalid, UnsupportedMediaType
+from rag.upload import formats
+
+# The media types stay importable from here too, where callers have long found them.
+from rag.upload.formats import (  # noqa: F401
+    DOCX,
+    HTML,
+    MARKDOWN,
+    PDF,
+    SUPPORTED,
+    TEXT,
+    TEXT_TYPES,
+    ZIP_MAGIC,
+    Format,
+)
 
 log = logging.getLogger(__name__)
 
-TEXT = "text/plain"
-MARKDOWN = "text/markdown"
-HTML = "text/html"
-PDF = "application/pdf"
-DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-SUPPORTED = (TEXT, MARKDOWN, HTML, PDF, DOCX)
-TEXT_TYPES = (TEXT, MARKDOWN, HTML)
-
-_EXTENSIONS = {
-    ".txt": TEXT,
-    ".text": TEXT,
-    ".md": MARKDOWN,
-    ".markdown": MARKDOWN,
-    ".html": HTML,
-    ".htm": HTML,
-    ".xhtml": HTML,
-    ".pdf": PDF,
-    ".docx": DOCX,
-}
-_DECLARED_ALIASES = {
-    "text/x-markdown": MARKDOWN,
-    "application/xhtml+xml": HTML,
-    "application/x-pdf": PDF,
-}
 # Declared types that say nothing about the content.
 _NO_CLAIM = {"", "application/octet-stream", "binary/octet-stream", "application/unknown"}
 
@@ -65,19 +55,8 @@ _KNOWN_BINARY = (
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "a legacy Office (OLE2) file such as .doc"),
     (b"{\\rtf", "an RTF document"),
 )
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 _MAX_FILENAME_CHARS = 200
 _MAX_ZIP_ENTRIES = 10_000
-
-_HTML_HINT = re.compile(r"<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>]", re.IGNORECASE)
-# Linear on any input: a link's text stops at the next `[` and its target at the next `(`,
-# so the scans from different starting brackets never overlap (`[^\]\n]+` rescanned a run of
-# `[` from each of them: 64 KiB took seconds, holding the GIL), and both are bounded.
-_MD_HINT = re.compile(
-    r"^(#{1,6} \S|```|~~~|[-*+] \S|\d+\. \S|> \S)"
-    r"|\[[^\[\]\n]{1,500}\]\([^()\n]{1,2000}\)|\*\*\S",
-    re.MULTILINE,
-)
 
 
 def detect_media_type(data: bytes, filename: str | None, declared: str | None) -> str:
@@ -89,10 +68,10 @@ def detect_media_type(data: bytes, filename: str | None, declared: str | None) -
     if not data:
         raise Invalid("the file is empty")
     claims = _claims(filename, declared)
-    family = _sniff_family(data)
-    _check_claims(family, claims)
-    if family != "text":
-        return family
+    found = _sniff_family(data)
+    _check_claims(found, claims)
+    if found is not None:
+        return found.media_type
     for claim in claims:
         if claim in TEXT_TYPES:
             return claim
@@ -140,40 +119,42 @@ def _claims(filename: str | None, declared: str | None) -> list[str]:
     claims: list[str] = []
     if declared is not None:
         media = declared.split(";", 1)[0].strip().lower()
-        media = _DECLARED_ALIASES.get(media, media)
+        named = formats.by_declared(media)  # an alias names its format's media type
+        media = named.media_type if named is not None else media
         if media not in _NO_CLAIM:
             # Other text/* types (csv, x-python) are fine as plain text.
             claims.append(TEXT if media.startswith("text/") and media not in SUPPORTED else media)
     if filename:
         ext = "." + safe_filename(filename).rpartition(".")[2].lower()
-        if ext in _EXTENSIONS:
-            claims.append(_EXTENSIONS[ext])
+        by_extension = formats.by_extension(ext)
+        if by_extension is not None:
+            claims.append(by_extension.media_type)
     return claims
 
 
-def _check_claims(family: str, claims: list[str]) -> None:
+def _check_claims(found: Format | None, claims: list[str]) -> None:
     for claim in claims:
         if claim not in SUPPORTED:
             raise UnsupportedMediaType(f"unsupported media type {claim!r}")
         claimed_family = "text" if claim in TEXT_TYPES else claim
-        if claimed_family != family:
+        if claimed_family != ("text" if found is None else found.media_type):
             raise UnsupportedMediaType(
-                f"the file claims to be {claim} but its content is {_describe(family)}"
+                f"the file claims to be {claim} but its content is {_describe(found)}"
             )
 
 
-def _describe(family: str) -> str:
-    return {"text": "text", PDF: "a PDF", DOCX: "a .docx document"}[family]
+def _describe(found: Format | None) -> str:
+    return "text" if found is None else found.name
 
 
-def _sniff_family(data: bytes) -> str:
-    """One of PDF, DOCX or "text"; raises UnsupportedMediaType for anything else."""
-    if data.startswith(b"%PDF-"):
-        return PDF
-    if data.startswith(_ZIP_MAGIC):
-        if _is_docx(data):
-            return DOCX
-        raise UnsupportedMediaType("a zip archive that is not a .docx document is not supported")
+def _sniff_family(data: bytes) -> Format | None:
+    """The binary format of `data`, or None for text; raises UnsupportedMediaType for
+    anything else."""
+    if data.startswith(ZIP_MAGIC):
+        return _sniff_zip(data)
+    for fmt in formats.FORMATS:
+        if fmt.magic and data.startswith(fmt.magic):
+            return fmt
     if data.startswith(b"{\\rtf"):  # RTF is text, but markup we do not parse
         raise UnsupportedMediaType("the file is an RTF document, which is not supported")
     try:
@@ -188,20 +169,29 @@ def _sniff_family(data: bytes) -> str:
                         f"the file is {what}, which is not supported"
                     ) from None
         raise
-    return "text"
+    return None
 
 
-def _is_docx(data: bytes) -> bool:
+# The formats that are zip containers, as messages name them: "a .docx".
+_ZIPPED = tuple(f for f in formats.FORMATS if f.zip_members)
+_ZIP_KINDS = " or ".join(f"a {f.extensions[0]}" for f in _ZIPPED)
+
+
+def _sniff_zip(data: bytes) -> Format:
     # Detection runs in the API process: look at the entry count before zipfile builds an
     # object per entry (a 50 MB upload could declare a million of them).
     if _zip_entry_count(data) > _MAX_ZIP_ENTRIES:
-        raise UnsupportedMediaType("the zip archive has too many entries to be a .docx")
+        raise UnsupportedMediaType(f"the zip archive has too many entries to be {_ZIP_KINDS}")
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = set(archive.namelist())
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         raise UnsupportedMediaType("the file is a damaged zip archive") from None
-    return "word/document.xml" in names and "[Content_Types].xml" in names
+    for fmt in _ZIPPED:
+        if fmt.zip_members <= names:
+            return fmt
+    what = " or ".join(f.name for f in _ZIPPED)
+    raise UnsupportedMediaType(f"a zip archive that is not {what} is not supported")
 
 
 def _zip_entry_count(data: bytes) -> int:
@@ -218,7 +208,7 @@ def _zip_entry_count(data: bytes) -> int:
     if data[max(0, at - 20) : at].startswith(b"PK\x06\x07"):
         # A ZIP64 locator: zipfile would take the count and directory size from the ZIP64
         # record instead, which this count never saw. A .docx never needs ZIP64.
-        raise UnsupportedMediaType("the zip archive uses ZIP64, which a .docx never needs")
+        raise UnsupportedMediaType(f"the zip archive uses ZIP64, which {_ZIP_KINDS} never needs")
     declared, size, offset = struct.unpack_from("<HII", data, at + 10)
     if declared == 0xFFFF or 0xFFFFFFFF in (size, offset):
         return 1 << 32  # ZIP64 markers, never a real .docx
@@ -247,10 +237,9 @@ def _control_ratio(text: str) -> float:
 
 def _guess_text_type(data: bytes) -> str:
     sample = _decode_prefix(data)
-    if _HTML_HINT.search(sample[:4096]):
-        return HTML
-    if len(_MD_HINT.findall(sample)) >= 2:
-        return MARKDOWN
+    for fmt in formats.FORMATS:
+        if fmt.is_text and (fmt.hint is None or fmt.hint(sample)):
+            return fmt.media_type
     return TEXT
 
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from rag.api.pools import Pools
-from rag.config import ApiSettings
+from rag.config import ApiAdvanced, ApiSettings
 from rag.embed import Embedder
 from tests.conftest import Api
 
 
-def _pools(api: Api, **settings: Any) -> Pools:
-    pools = Pools(ApiSettings(**settings))
+def _pools(api: Api, **advanced: Any) -> Pools:
+    pools = Pools(ApiSettings(advanced=ApiAdvanced(**advanced)))
     api.client.app.state.pools = pools  # type: ignore[attr-defined]
     return pools
 
@@ -146,8 +146,8 @@ def test_a_long_poll_looks_less_and_less_often(
     loads = _count_loads(monkeypatch)
     r = api.client.get(f"/v1/jobs/{job}", params={"wait": 60}, headers=api.a)
     assert r.status_code == 200 and r.json()["state"] == "queued"
-    every = api.services.settings.api.long_poll_every_s
-    assert clock.pauses[0] == api.services.settings.api.long_poll_first_s
+    every = api.services.settings.api.advanced.long_poll_every_s
+    assert clock.pauses[0] == api.services.settings.api.advanced.long_poll_first_s
     steady = clock.pauses[:-1]  # the last one is what was left of the wait
     assert steady == sorted(steady) and max(steady) == every
     # 60 s at most once a second (it was ten times a second: 600 loads).

@@ -109,7 +109,7 @@ class Borrowed:
 def smollm_engine() -> Iterator[Any]:
     """The real SmolLM2-135M engine with a small KV cache, built once per session."""
     torch = pytest.importorskip("torch")
-    from rag.engine import EngineSettings, build_engine
+    from rag.engine import EngineAdvanced, EngineSettings, build_engine
     from rag.engine.loader import bundled_gguf_path
 
     try:
@@ -121,12 +121,11 @@ def smollm_engine() -> Iterator[Any]:
     engine = build_engine(
         EngineSettings(
             device="cpu",
-            dtype="float32",
             threads=min(2, torch.get_num_threads()),
             max_num_batched_tokens=256,
-            num_kv_blocks=160,
             max_waiting=16,
-        )  # fmt: skip
+            advanced=EngineAdvanced(dtype="float32", num_kv_blocks=160),
+        )
     )
     yield engine
     engine.close()

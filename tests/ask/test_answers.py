@@ -180,14 +180,14 @@ def test_grounded_defaults_reach_the_engine_and_requests_override_them(
     api = _api(make_api, sqlite_url, hash_embedder, engine)
     cid = api.collection(api.a, name="harbour")
     ingest(api, api.a, cid, FACTS)
-    defaults = AskSettings()
+    defaults = AskSettings().advanced
     body = _ask(api, cid, evidence="all").json()
     p = engine.params[-1]
     assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty) == (
         defaults.frequency_penalty, defaults.presence_penalty, defaults.repetition_penalty,
     )  # fmt: skip
     assert p.stop_repetition and p.cite_passages == len(body["passages"]) == 3
-    assert p.max_tokens == defaults.default_max_tokens
+    assert p.max_tokens == AskSettings().default_max_tokens
     _ask(api, cid, evidence="all", frequency_penalty=0.0, presence_penalty=1.5,
          repetition_penalty=1.2)  # fmt: skip
     p = engine.params[-1]
@@ -295,7 +295,7 @@ def test_a_sentence_that_begins_as_an_earlier_one_stops_the_answer(
     assert body["finish_reason"] == "stop" and body["answer"] == engine.answer
     # Off with the settings of before.
     engine.answer = loop.strip()
-    api.services.settings.ask.stop_repetition = False
+    api.services.settings.ask.advanced.stop_repetition = False
     assert _ask(api, cid).json()["finish_reason"] == "stop"
 
 

@@ -277,9 +277,9 @@ def test_the_embedding_model_refuses_a_year_for_how_many(minilm: Any) -> None:
     ):
         got = choice(question, texts, [f"doc{i}.txt" for i in range(len(texts))])
         assert not got.kind_found and got.names_found
-        assert not got.answerable(settings.min_support, settings.min_similarity), question
+        assert not got.answerable(settings.advanced.min_support, settings.min_similarity), question
     got = choice(PRODUCER, DOCS, ["doc0.txt", "doc1.txt", "doc2.txt"])
-    assert got.answerable(settings.min_support, settings.min_similarity)
+    assert got.answerable(settings.advanced.min_support, settings.min_similarity)
 
 
 @pytest.mark.slow
@@ -302,7 +302,7 @@ def test_the_embedding_model_sees_the_subject_a_sentence_inherits(minilm: Any) -
 
     got = choose(question, [P(HOBBIT)], titles=["doc0.txt"], similar=similar)
     assert got is not None and HOBBIT[got.span[0] : got.span[1]].startswith("It was published")
-    assert got.answerable(settings.min_support, settings.min_similarity)
+    assert got.answerable(settings.advanced.min_support, settings.min_similarity)
 
 
 # ---------------------------------------------------------------- the check

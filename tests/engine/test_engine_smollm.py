@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rag.engine import EngineSettings, FinishReason, SamplingParams, build_engine
+from rag.engine import EngineAdvanced, EngineSettings, FinishReason, SamplingParams, build_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -62,13 +62,15 @@ def test_greedy_matches_transformers_across_preemption(smollm, expected):
     tiny = build_engine(
         EngineSettings(
             device="cpu",
-            dtype="float32",
-            weights="float32",
-            num_kv_blocks=-(-longest // 4) + 2,
-            block_size=4,
             max_num_batched_tokens=64,
-            enable_prefix_caching=False,
-        )  # fmt: skip
+            advanced=EngineAdvanced(
+                dtype="float32",
+                weights="float32",
+                num_kv_blocks=-(-longest // 4) + 2,
+                block_size=4,
+                enable_prefix_caching=False,
+            ),
+        )
     )
     try:
         got = asyncio.run(run_all(tiny, PROMPTS))
@@ -101,10 +103,13 @@ def test_greedy_matches_transformers_on_the_torch_attention_path(smollm, expecte
     """The fallback where the decode kernel cannot be built gives the same tokens."""
     torch_path = build_engine(
         EngineSettings(
-            device="cpu", dtype="float32", weights="float32", max_num_batched_tokens=64,
-            num_kv_blocks=256, cpu_attention_kernel=False,
+            device="cpu",
+            max_num_batched_tokens=64,
+            advanced=EngineAdvanced(
+                dtype="float32", weights="float32", num_kv_blocks=256, cpu_attention_kernel=False
+            ),
         )
-    )  # fmt: skip
+    )
     try:
         assert torch_path.runner.decode_kernel is None
         got = asyncio.run(run_all(torch_path, PROMPTS))
@@ -125,10 +130,11 @@ def test_int4_computes_with_the_ggufs_own_weights(smollm, expected):
         pytest.skip("the engine kernels could not be built here")
     int4 = build_engine(
         EngineSettings(
-            device="cpu", dtype="float32", weights="int4", max_num_batched_tokens=64,
-            num_kv_blocks=256,
+            device="cpu",
+            max_num_batched_tokens=64,
+            advanced=EngineAdvanced(dtype="float32", weights="int4", num_kv_blocks=256),
         )
-    )  # fmt: skip
+    )
     try:
         assert int4.runner.model._fused is not None  # decode steps in one compiled call
         for module in int4.runner.model.modules():

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rag.engine.build import engine_for_model  # noqa: E402
-from rag.engine.config import EngineSettings  # noqa: E402
+from rag.engine.config import EngineAdvanced, EngineSettings  # noqa: E402
 from rag.engine.model import AttentionMetadata  # noqa: E402
 from rag.engine.passages import Entry, PassageKVCache  # noqa: E402
 from rag.engine.protocol import Segment, SegmentedPrompt  # noqa: E402
@@ -99,10 +99,20 @@ def run(engine, p: SegmentedPrompt, n: int = 10):  # type: ignore[no-untyped-def
 
 def make(recompute_first: int = 4, stored: str = "auto", **kw):  # type: ignore[no-untyped-def]
     settings = EngineSettings(
-        device="cpu", dtype="float32", weights="float32", speculative=False, num_kv_blocks=64,
-        block_size=4, max_model_len=400, recompute_first=recompute_first, passage_cache_mb=16,
-        passage_cache_dtype=stored, **kw,
-    )  # fmt: skip
+        device="cpu",
+        max_model_len=400,
+        passage_cache_mb=16,
+        advanced=EngineAdvanced(
+            dtype="float32",
+            weights="float32",
+            speculative=False,
+            num_kv_blocks=64,
+            block_size=4,
+            recompute_first=recompute_first,
+            passage_cache_dtype=stored,
+            **kw,
+        ),
+    )
     return engine_for_model(tiny(), CharTokenizer(), (), settings)
 
 
@@ -277,9 +287,14 @@ def test_a_bfloat16_kv_cache_holds_twice_the_blocks_and_passages_follow_it():
     sizes = {}
     for kv in ("float32", "bfloat16"):
         settings = EngineSettings(
-            device="cpu", dtype="float32", weights="float32", speculative=False, kv_dtype=kv,
-            kv_cache_mb=1, block_size=4, max_model_len=400, passage_cache_mb=16,
-        )  # fmt: skip
+            device="cpu",
+            kv_cache_mb=1,
+            max_model_len=400,
+            passage_cache_mb=16,
+            advanced=EngineAdvanced(
+                dtype="float32", weights="float32", speculative=False, kv_dtype=kv, block_size=4
+            ),
+        )
         engine = engine_for_model(tiny(), CharTokenizer(), (), settings)
         try:
             cache = engine.runner.kv_caches
@@ -309,9 +324,18 @@ def test_blend_prompts_survive_preemption_and_cancellation():
     stores planned again when they come back), one is cancelled; every other one finishes
     at its length, and every block is given back."""
     settings = EngineSettings(
-        device="cpu", dtype="float32", weights="float32", speculative=False, num_kv_blocks=64,
-        block_size=4, max_model_len=200, recompute_first=4, passage_cache_mb=16,
-    )  # fmt: skip
+        device="cpu",
+        max_model_len=200,
+        passage_cache_mb=16,
+        advanced=EngineAdvanced(
+            dtype="float32",
+            weights="float32",
+            speculative=False,
+            num_kv_blocks=64,
+            block_size=4,
+            recompute_first=4,
+        ),
+    )
     engine = engine_for_model(tiny(), CharTokenizer(), (), settings)
     try:
         run(engine, prompt([0, 1, 2], "blend"))  # the passages are cached

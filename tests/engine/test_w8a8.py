@@ -153,7 +153,7 @@ def test_w8a8_on_the_real_model_stays_close_to_float32(smollm):
     """SmolLM2 in w8a8, calibrated on the shipped text, against float32 on texts of its own:
     the next-token choice agrees at nine positions in ten and perplexity moves by a few percent
     (bench/README.md has the full measurement)."""
-    from rag.engine import EngineSettings, build_engine
+    from rag.engine import EngineAdvanced, EngineSettings, build_engine
     from rag.engine.w8a8 import prefill_alone
 
     require_kernels()
@@ -178,7 +178,9 @@ def test_w8a8_on_the_real_model_stays_close_to_float32(smollm):
     )
     ids = smollm.tokenizer.encode_prompt(text)
     w8a8 = build_engine(
-        EngineSettings(device="cpu", dtype="float32", weights="w8a8", num_kv_blocks=64)
+        EngineSettings(
+            device="cpu", advanced=EngineAdvanced(dtype="float32", weights="w8a8", num_kv_blocks=64)
+        )
     )
     try:
         scores = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,9 @@ import numpy.typing as npt
 import pytest
 from sqlalchemy import select
 
-from rag.db.models import Base, Blob, ChangeLog, Chunk, Collection, Document, Tenant
+from rag.db import seed
+from rag.db.ingested import ChunkRow
+from rag.db.models import Base, ChangeLog, Chunk, Collection, Document, Tenant
 from rag.db.session import Database
 
 MODEL = "test-model"
@@ -63,54 +64,19 @@ class Seeder:
     def document(
         self, collection_id: str, n_chunks: int, vectors: npt.NDArray[np.float32] | None = None
     ) -> tuple[str, list[int], npt.NDArray[np.float32]]:
-        """One document with its chunks and their "add" change-log rows, in one transaction."""
+        """One document with its chunks and their "add" change-log rows, in one transaction,
+        written as ingest writes them."""
         vecs = self.vectors(n_chunks) if vectors is None else vectors
         self._n += 1
-        data = f"document {self._n}".encode()
-        sha = hashlib.sha256(data).hexdigest()
-        with self.db.write() as s:
-            s.get(Collection, collection_id, with_for_update=True)
-            if s.get(Blob, (self.tenant_id, sha)) is None:
-                s.add(Blob(tenant_id=self.tenant_id, sha256=sha, size=len(data), data=data))
-            doc = Document(
-                tenant_id=self.tenant_id,
-                collection_id=collection_id,
-                filename=f"d{self._n}.txt",
-                media_type="text/plain",
-                sha256=sha,
-                size=len(data),
-                status="indexed",
-            )
-            s.add(doc)
-            s.flush()
-            chunks = [
-                Chunk(
-                    uid=f"{doc.id}-{i}",
-                    document_id=doc.id,
-                    collection_id=collection_id,
-                    tenant_id=self.tenant_id,
-                    ordinal=i,
-                    text=f"chunk {i}",
-                    start_char=0,
-                    end_char=1,
-                    token_count=1,
-                    embedding=vecs[i].astype("<f4").tobytes(),
-                    embedding_model=self.model,
-                )
-                for i in range(n_chunks)
-            ]
-            s.add_all(chunks)
-            s.flush()
-            for chunk in chunks:
-                s.add(
-                    ChangeLog(
-                        collection_id=collection_id,
-                        op="add",
-                        chunk_id=chunk.id,
-                        document_id=doc.id,
-                    )
-                )
-            return doc.id, [c.id for c in chunks], vecs
+        doc = seed.SeedDocument(
+            filename=f"d{self._n}.txt",
+            data=f"document {self._n}".encode(),
+            text=f"document {self._n}",
+            chunks=[ChunkRow(i, f"chunk {i}", 0, 1, 1) for i in range(n_chunks)],
+            vectors=vecs,
+        )
+        [written] = seed.documents(self.db, collection_id, [doc], self.model)
+        return written.document_id, written.chunk_ids, vecs
 
     def delete_document(self, document_id: str, *, log_removes: bool = True) -> list[int]:
         """Tombstone a document; its "remove" rows go in the same transaction."""

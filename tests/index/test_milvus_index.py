@@ -14,8 +14,9 @@ import pytest
 from rag.config import MilvusSettings
 from rag.errors import Invalid
 from rag.index import Knobs, build_index
-from rag.index.milvus import MilvusEngine, MilvusIndex, VectorEngineUnavailable, Where
-from rag.index.milvus.filters import expression, literal, matches
+from rag.index.filters import Where, matches
+from rag.index.milvus import MilvusEngine, MilvusIndex, VectorEngineUnavailable
+from rag.index.milvus.filters import expression, literal
 from tests.support.milvus import milvus_engine, milvus_uri  # noqa: F401  (fixtures)
 
 DIM = 8

@@ -18,8 +18,9 @@ from rag.db.models import Base, Collection
 from rag.db.session import Database
 from rag.errors import Invalid
 from rag.index import Knobs
+from rag.index.filters import Where
 from rag.index.manager import IndexManager
-from rag.index.milvus import MilvusEngine, Where
+from rag.index.milvus import MilvusEngine
 from tests.index.conftest import DIM, MODEL, Seeder
 from tests.support.milvus import milvus_uri  # noqa: F401  (fixture)
 

@@ -8,7 +8,7 @@ import pytest
 
 from ingest.isolate import parse_isolated
 from ingest.parse import ParseLimits
-from rag.upload.detect import TEXT
+from rag.upload.formats import TEXT
 
 
 def test_the_parser_child_sees_no_secrets(monkeypatch: pytest.MonkeyPatch) -> None:

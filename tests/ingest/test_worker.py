@@ -544,3 +544,40 @@ def test_a_long_claim_pauses_for_another_tenants_upload(
     texts = [r.text for r in rows]
     stored = np.vstack([np.frombuffer(r.embedding, np.float32) for r in rows])
     np.testing.assert_array_equal(stored, HashEmbedder().embed(texts))
+
+
+def test_a_seeded_document_reads_as_an_ingested_one(db: Database) -> None:
+    """Tests and benches write indexed documents through rag.db.seed, not the queue: the rows
+    are the worker's own (chunks, their full-text rows, change-log entries, the document)."""
+    from rag.db import fulltext, seed
+    from rag.db.ingested import ChunkRow
+    from rag.db.models import ChangeLog
+
+    emb = HashEmbedder()
+    ingested_cid, seeded_cid = _collection(db, emb, "a"), _collection(db, emb, "b")
+    text = "the ferry leaves at nine " * 40
+    _upload(db, ingested_cid, text)
+    assert Worker(db, Pipeline(db, emb, SETTINGS), SETTINGS).run_once()
+
+    def rows(cid: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        with db.read() as s:
+            doc = s.scalars(select(Document).where(Document.collection_id == cid)).one()
+            chunks = s.execute(
+                select(Chunk.ordinal, Chunk.text, Chunk.start_char, Chunk.end_char,
+                       Chunk.token_count, Chunk.embedding, Chunk.embedding_model)
+                .where(Chunk.document_id == doc.id).order_by(Chunk.ordinal)
+            ).all()  # fmt: skip
+            logged = s.scalar(
+                select(func.count()).select_from(ChangeLog).where(ChangeLog.collection_id == cid)
+            )
+            found = fulltext.keyword_search(s, cid, "ferry", 100)
+            summary = (doc.status, doc.text, doc.chunk_count, logged, len(found))
+        return [tuple(r) for r in chunks], [summary]
+
+    chunks, _ = rows(ingested_cid)
+    chunk_rows = [ChunkRow(o, t, a, b, n) for o, t, a, b, n, _, _ in chunks]
+    vectors = emb.embed([r.text for r in chunk_rows])
+    doc = seed.SeedDocument("t.txt", text.encode(), text, chunk_rows, vectors)
+    [written] = seed.documents(db, seeded_cid, [doc], emb.model_id)
+    assert len(written.chunk_ids) == len(chunk_rows) > 1
+    assert rows(seeded_cid) == rows(ingested_cid)

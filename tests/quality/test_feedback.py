@@ -170,7 +170,7 @@ def test_the_recording_never_fails_or_slows_an_answer(
 ) -> None:
     """A writer that hangs, then one that fails, then a full queue: every answer is given at
     once, and the records lost are counted."""
-    api = quality_api(make_api, sqlite_url, hash_embedder, queue=2, batch=1)
+    api = quality_api(make_api, sqlite_url, hash_embedder, advanced={"queue": 2, "batch": 1})
     quality = api.services.quality
     assert quality is not None
     cid = api.collection(api.a)
@@ -204,7 +204,7 @@ def test_answers_within_the_writers_interval_share_one_transaction(
 ) -> None:
     """The writer waits `flush_s` after the first record it takes: answers given meanwhile
     are written together, not one transaction each, and every one is written."""
-    api = quality_api(make_api, sqlite_url, hash_embedder, flush_s=5.0)
+    api = quality_api(make_api, sqlite_url, hash_embedder, advanced={"flush_s": 5.0})
     quality = api.services.quality
     assert quality is not None
     cid = api.collection(api.a)

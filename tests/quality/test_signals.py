@@ -21,7 +21,8 @@ from tests.conftest import ADMIN, Api
 from tests.quality.conftest import ASK, FACTS, flush, ingest, quality_api
 
 DIM = 384
-SMALL = {"reference_size": 40, "window": 40, "check_every": 20, "permutations": 200}
+TEST = {"check_every": 20, "permutations": 200}
+SMALL = {"reference_size": 40, "window": 40, "advanced": TEST}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -99,7 +100,9 @@ def test_the_mmd_test_separates_shifted_samples_and_not_equal_ones() -> None:
 def test_question_drift_alerts_in_sql_and_metrics_and_every_replica_agrees(
     make_api: Callable[..., Api], db_url: str, hash_embedder: Any
 ) -> None:
-    api = quality_api(make_api, db_url, hash_embedder, drift={**SMALL, "consecutive": 2})
+    api = quality_api(
+        make_api, db_url, hash_embedder, drift={**SMALL, "advanced": {**TEST, "consecutive": 2}}
+    )
     cid = api.collection(api.a)
     rng = np.random.default_rng(0)
     old, new = rng.normal(size=(2, DIM))

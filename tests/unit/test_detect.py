@@ -10,7 +10,8 @@ import zipfile
 import pytest
 
 from rag.errors import Invalid, UnsupportedMediaType
-from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT, detect_media_type, safe_filename
+from rag.upload.detect import detect_media_type, safe_filename
+from rag.upload.formats import DOCX, HTML, MARKDOWN, PDF, TEXT
 
 PDF_BYTES = b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF\n"
 

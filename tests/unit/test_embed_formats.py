@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import pytest
 
-from rag.config import EmbedSettings
+from rag.config import EmbedAdvanced, EmbedSettings
 from rag.embed import SentenceTransformerEmbedder, build_embedder
 from rag.embed.onnx import AUTO_FORMAT, SPINNING, OnnxQueryEncoder
 
@@ -61,13 +61,15 @@ def test_the_query_encoders_workers_sleep_between_queries(
 
 
 def test_the_format_comes_from_settings(minilm: SentenceTransformerEmbedder) -> None:
-    assert EmbedSettings().query_format == "auto"
+    assert EmbedSettings().advanced.query_format == "auto"
     assert AUTO_FORMAT == "int8"
     # The session's shared embedder runs the default: auto, which is int8.
     minilm.embed(["warm the lane"])
     assert minilm.query_format == AUTO_FORMAT and minilm.query_format_used == "int8"
 
-    plain = build_embedder(EmbedSettings(device="cpu", query_format="float32"))
+    plain = build_embedder(
+        EmbedSettings(device="cpu", advanced=EmbedAdvanced(query_format="float32"))
+    )
     assert isinstance(plain, SentenceTransformerEmbedder)
     try:
         got = plain.embed(["what is a closure in perl"])
@@ -77,7 +79,7 @@ def test_the_format_comes_from_settings(minilm: SentenceTransformerEmbedder) -> 
         plain.close()
 
     with pytest.raises(ValueError):
-        EmbedSettings(query_format="openvino")  # type: ignore[arg-type]
+        EmbedAdvanced(query_format="openvino")  # type: ignore[arg-type]
 
 
 def test_int8_that_cannot_be_built_falls_back_to_float32(

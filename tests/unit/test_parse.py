@@ -18,7 +18,7 @@ from ingest.isolate import parse_isolated
 from ingest.parse import ParseLimits, parse
 from rag.config import IngestSettings
 from rag.errors import ParseError, UnsupportedMediaType
-from rag.upload.detect import DOCX, HTML, MARKDOWN, PDF, TEXT
+from rag.upload.formats import DOCX, HTML, MARKDOWN, PDF, TEXT
 
 LIMITS = ParseLimits(timeout_s=30, memory_mb=512)
 

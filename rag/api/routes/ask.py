@@ -31,6 +31,7 @@ from rag.answer.ask import prepare as prepare_answer
 from rag.answer.history import Turn
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.errors import body as error_body
+from rag.api.mapping import retrieval
 from rag.api.openapi import WITH_BODY, errors
 from rag.api.routes import conversations
 from rag.api.schemas_ask import (
@@ -40,14 +41,12 @@ from rag.api.schemas_ask import (
     QuoteOut,
     UsageOut,
     opaque,
-    passages_out,
 )
+from rag.api.schemas_search import passages_out
 from rag.engine.sequence import SamplingParams
 from rag.errors import RagError
-from rag.knobs import Knobs
 from rag.ops.metrics import observe_answer, observe_stages
 from rag.quota import released_after
-from rag.retrieve import Filter
 from rag.services import Services
 
 log = logging.getLogger(__name__)
@@ -58,19 +57,10 @@ DISCONNECT_POLL_S = 0.1
 
 
 def ask_request(body: AskIn, history: tuple[Turn, ...] = ()) -> AskRequest:
-    filt = None
-    if body.filter is not None:
-        ids = tuple(body.filter.document_ids) if body.filter.document_ids is not None else None
-        filt = Filter(document_ids=ids, metadata=body.filter.metadata)
+    knobs, filt = retrieval(body)
     return AskRequest(
         question=body.question,
-        knobs=Knobs(
-            k=body.k,
-            ef_search=body.ef_search,
-            nprobe=body.nprobe,
-            exact=body.exact,
-            hybrid=body.hybrid,
-        ),  # fmt: skip
+        knobs=knobs,
         filter=filt,
         params=SamplingParams(
             max_tokens=body.max_tokens,

@@ -10,17 +10,18 @@ or run script even if it were ever rendered by mistake.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse
-from pydantic import BaseModel, Field
 
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
+from rag.api.schemas_search import TuningOut
 from rag.db import collections
 from rag.errors import NotFound
+from rag.ops.tune import TuneReport
 from rag.services import Services
 
 router = APIRouter()
@@ -82,30 +83,6 @@ async def console_file(name: str) -> FileResponse:
     return _file(name)
 
 
-class TuningPoint(BaseModel):
-    knob: str | None = Field(description='"ef_search", "nprobe", or null for exact kinds')
-    value: int | None
-    recall: float
-    p50_ms: float
-    p99_ms: float
-
-
-class TuningOut(BaseModel):
-    """The last `rag tune` measurements of a collection, and its current search defaults."""
-
-    collection_id: str
-    kind: str
-    k: int
-    queries: int
-    target_recall: float
-    budget_ms: float | None
-    points: list[TuningPoint]
-    chosen: TuningPoint | None
-    applied: bool
-    measured_at: float | None
-    search_defaults: dict[str, Any]
-
-
 @router.get(
     "/v1/collections/{collection_id}/tuning",
     response_model=TuningOut,
@@ -128,17 +105,5 @@ def _tuning(services: Services, tenant_id: str, collection_id: str) -> TuningOut
         c = collections.get(session, tenant_id, collection_id)
         if not c.tuning:
             raise NotFound(f"collection {collection_id} has not been tuned: run `rag tune`")
-        t = c.tuning
-        return TuningOut(
-            collection_id=c.id,
-            kind=str(t.get("kind", c.index_kind)),
-            k=int(t.get("k", 10)),
-            queries=int(t.get("queries", 0)),
-            target_recall=float(t.get("target_recall", 0.0)),
-            budget_ms=t.get("budget_ms"),
-            points=[TuningPoint.model_validate(p) for p in t.get("points", [])],
-            chosen=TuningPoint.model_validate(t["chosen"]) if t.get("chosen") else None,
-            applied=bool(t.get("applied", False)),
-            measured_at=t.get("measured_at"),
-            search_defaults=dict(c.search_defaults or {}),
-        )
+        report = TuneReport.from_dict(c.tuning, c.id, c.index_kind)
+        return TuningOut.of(report, c.search_defaults)

@@ -48,7 +48,7 @@ async def get_job(
     api = services.settings.api
     deadline = time.monotonic() + min(wait, api.long_poll_max_s)
     with pools.long_poll():
-        pause = api.long_poll_first_s
+        pause = api.advanced.long_poll_first_s
         while not job.done:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -56,6 +56,6 @@ async def get_job(
             await asyncio.sleep(min(pause, left))
             if await request.is_disconnected():
                 break  # nobody to answer: stop asking the database for them
-            pause = min(pause * 1.5, api.long_poll_every_s)
+            pause = min(pause * 1.5, api.advanced.long_poll_every_s)
             job = await pools.db.run(load)
     return job

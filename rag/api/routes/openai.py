@@ -44,7 +44,8 @@ from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.pools import Pools
 from rag.api.routes.ask import finished
-from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, opaque, passages_out
+from rag.api.schemas_ask import ChatCompletionIn, ModelList, ModelOut, opaque
+from rag.api.schemas_search import passages_out
 from rag.config import Settings
 from rag.db import collections
 from rag.db.models import Collection

@@ -217,7 +217,7 @@ async def unanswered(
 ) -> TopicsOut:
     """Questions the collection refused or answered from weak evidence, clustered by
     meaning, the most missing evidence first (count times how far the best passages fall
-    below quality.weak_score), with example questions and the documents they reached."""
+    below quality.advanced.weak_score), with example questions and the documents they reached."""
     _quality(services)
     return await pools.search.run(
         _topics, services, principal.tenant_id, collection_id, days, limit
@@ -231,9 +231,11 @@ def _topics(
     since = time.time() - days * DAY_S
     with services.db.read() as session:
         collections.get(session, tenant_id, collection_id)
-        asked = sql.weak(session, collection_id, since, cfg.topics_max_questions)
+        asked = sql.weak(session, collection_id, since, cfg.advanced.topics_max_questions)
         docs = sql.documents_of(session, [a.id for a in asked])
-    found = topics(asked, docs, distance=cfg.topic_distance, weak_score=cfg.weak_score)[:limit]
+    found = topics(
+        asked, docs, distance=cfg.advanced.topic_distance, weak_score=cfg.advanced.weak_score
+    )[:limit]
     wanted = sorted({d for t in found for d in t.documents})
     with services.db.read() as session:
         names = documents.filenames(session, tenant_id, wanted)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import faiss as _faiss
 import numpy as np
 
-from rag.index.base import Allowed, Hits, Ids, RWLock, allowed_array
+from rag.index.base import Allowed, Hits, Ids, InProcess, RWLock, allowed_array
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def one_thread_for_few(search: _Search) -> _Search:
 
     faiss parallelises a search over its queries; for a request's single query that buys
     nothing, and the team's threads then spin for a while (libgomp's default wait policy),
-    on the cores the next request needs to embed its query. On 2 cores, `/search` at 5k
-    chunks (a flat index) took 14.0 ms at the median with the team and 8.7 ms without.
+    on the cores the next request needs to embed its query: on 2 cores `/search` over a flat
+    index was markedly slower with the team (bench/search.py; docs/decisions.md).
     OpenMP's thread count is per calling thread: builds and big batches keep every core.
     """
 
@@ -58,7 +58,7 @@ def one_thread_for_few(search: _Search) -> _Search:
         finally:
             faiss.omp_set_num_threads(threads)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(_Search, wrapper)
 
 
 def gpu_available() -> bool:
@@ -91,8 +91,12 @@ class GpuReplica:
         return self._index
 
 
-class FaissBase:
+class FaissBase(InProcess):
     kind = ""
+    shared = False
+    snapshots = True
+    wants_attributes = False
+    filters_inside = False
 
     def __init__(self, dim: int) -> None:
         self.dim = dim

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
     Vectors,
@@ -24,6 +26,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.filters import Where
 from rag.index.params import Param
 from rag.knobs import Knobs
 
@@ -32,7 +35,9 @@ class FaissFlatIndex(FaissBase):
     """Exact search; `remove_ids` compacts the storage."""
 
     kind = "faiss_flat"
-    param_schema = {"use_gpu": Param(bool, doc="a GPU replica for searches, when there is one")}
+    param_schema: Mapping[str, Param] = {
+        "use_gpu": Param(bool, doc="a GPU replica for searches, when there is one")
+    }
 
     def __init__(self, dim: int, *, use_gpu: bool = True) -> None:
         super().__init__(dim)
@@ -45,7 +50,7 @@ class FaissFlatIndex(FaissBase):
     def params(self) -> dict[str, Any]:
         return {"use_gpu": self.use_gpu}
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
         if not len(ids):
             return
@@ -71,7 +76,13 @@ class FaissFlatIndex(FaissBase):
         return self.remove(ids)
 
     @one_thread_for_few
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         with self._lock.read():
             if allowed is None:

@@ -3,6 +3,7 @@ filtered out inside the search with an ID bitmap, and a rebuild drops them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy.typing as npt
 
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
     Vectors,
@@ -30,6 +32,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.filters import Where
 from rag.index.params import Param
 from rag.knobs import Knobs
 
@@ -39,9 +42,10 @@ class FaissHNSWIndex(FaissBase):
     tombstoned and excluded inside the search by an ID bitmap; a rebuild reclaims it."""
 
     kind = "faiss_hnsw"
+    effort_knob = "ef_search"
     brute_force_max = BRUTE_FORCE_MAX
     # faiss sizes its level-0 links as 2m per vector (m in the millions: gigabytes at once).
-    param_schema = {
+    param_schema: Mapping[str, Param] = {
         "m": Param(int, 2, 128, doc="links per node"),
         "ef_construction": Param(int, 1, 4096, doc="candidate list while building"),
         "ef_search": Param(int, 1, 10_000, nullable=True, doc="default search candidates"),
@@ -83,7 +87,7 @@ class FaissHNSWIndex(FaissBase):
         """The ef used when a search does not name one."""
         return self.ef_search or auto_ef_search(len(self._slot))
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
         if not len(ids):
             return
@@ -144,7 +148,13 @@ class FaissHNSWIndex(FaissBase):
         return faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)), bits
 
     @one_thread_for_few
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         if allowed is None and not knobs.exact:
             # The common case: no filter, no tombstones. A plain search at the index-wide

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy.typing as npt
 
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
     Vectors,
@@ -33,6 +35,7 @@ from rag.index.faiss.common import (
     faiss,
     one_thread_for_few,
 )
+from rag.index.filters import Where
 from rag.index.params import Param
 from rag.knobs import Knobs
 
@@ -47,10 +50,11 @@ class FaissIVFIndex(FaissBase):
     k-means on what it holds and moves everything into the inverted lists."""
 
     kind = "faiss_ivf"
+    effort_knob = "nprobe"
     brute_force_max = BRUTE_FORCE_MAX
     # k-means costs n x nlist x dim an iteration, in the process that serves searches:
     # 4,096 lists suit up to ~1 M vectors (~4 sqrt(n)); 65,536 was minutes of CPU a rebuild.
-    param_schema = {
+    param_schema: Mapping[str, Param] = {
         "nlist": Param(int, 1, MAX_NLIST, nullable=True, doc="inverted lists (None: ~4 sqrt(n))"),
         "nprobe": Param(int, 1, MAX_NLIST, nullable=True, doc="default lists scanned"),
         "min_train": Param(int, 1, 10_000_000, doc="vectors before k-means is trained"),
@@ -95,11 +99,14 @@ class FaissIVFIndex(FaissBase):
         nlist = self._trained_nlist or 1
         if self.nprobe is not None:
             return min(self.nprobe, nlist)
-        # Sentence embeddings spread over many cells. Measured on MiniLM vectors, recall@10
-        # >= 0.95 needed ~40% of the lists at 1.5k vectors, ~25% at 6k, ~15% at 25k:
-        # a fraction shrinking as n^-0.35 of the training set size.
+        # Sentence embeddings spread over many cells. On MiniLM vectors the share of the lists
+        # that recall@10 >= 0.95 needs shrinks with the training set, about as n^-0.35
+        # (docs/decisions.md; bench/search.py sweeps nprobe).
         fraction = min(1.0, 6.0 / max(self._trained_n, 1) ** 0.35)
         return min(nlist, max(8, math.ceil(nlist * fraction)))
+
+    def nprobe_max(self) -> int:
+        return self._trained_nlist or 0
 
     @property
     def needs_retrain(self) -> bool:
@@ -119,7 +126,7 @@ class FaissIVFIndex(FaissBase):
     def _active(self) -> Any:
         return self._ivf if self._ivf is not None else self._staging
 
-    def add(self, ids: Ids, vectors: Vectors) -> None:
+    def add(self, ids: Ids, vectors: Vectors, attrs: Attrs | None = None) -> None:
         ids, vectors = check_add(ids, vectors, self.dim)
         if not len(ids):
             return
@@ -165,7 +172,13 @@ class FaissIVFIndex(FaissBase):
         return self.remove(ids)
 
     @one_thread_for_few
-    def search(self, queries: Vectors, knobs: Knobs, allowed: Allowed | None = None) -> list[Hits]:
+    def search(
+        self,
+        queries: Vectors,
+        knobs: Knobs,
+        allowed: Allowed | None = None,
+        where: Where | None = None,
+    ) -> list[Hits]:
         queries = as_vectors(queries, self.dim)
         with self._lock.read():
             subset = None if allowed is None else self._allowed_live(allowed)

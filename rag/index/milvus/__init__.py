@@ -2,7 +2,6 @@
 per ragserve collection, derived from SQL like every other index, shared by every replica."""
 
 from rag.index.milvus.engine import MilvusEngine, VectorEngineUnavailable
-from rag.index.milvus.filters import Where
 from rag.index.milvus.index import MilvusIndex
 
-__all__ = ["MilvusEngine", "MilvusIndex", "VectorEngineUnavailable", "Where"]
+__all__ = ["MilvusEngine", "MilvusIndex", "VectorEngineUnavailable"]

@@ -1,4 +1,4 @@
-"""A search filter as a Milvus boolean expression, where it maps.
+"""A search filter (rag.index.filters.Where) as a Milvus boolean expression, where it maps.
 
 The Milvus copy of each chunk carries its document id and its document's metadata (a JSON
 field), so `document_ids` and `metadata` key/value equalities become `document_id in [...]`
@@ -12,28 +12,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-MetaValue = str | int | float | bool
+from rag.index.filters import MetaValue, Where
 
 # Keys and strings that need no escaping in a Milvus string literal.
 _SAFE_TEXT = re.compile(r"^[^\"'\\\x00-\x1f\x7f]{0,256}$")
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_.:\- ]{1,128}$")
 # Above this many ids an `id in [...]` list costs more to send and parse than it saves.
 ID_LIST_MAX = 16_384
-
-
-@dataclass(frozen=True)
-class Where:
-    """What a search asks to restrict itself to (None/empty: no restriction)."""
-
-    document_ids: tuple[str, ...] | None = None
-    metadata: Mapping[str, MetaValue] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.document_ids and not self.metadata
 
 
 @dataclass(frozen=True)
@@ -83,22 +71,3 @@ def expression(where: Where | None) -> Expression:
 
 def id_list(ids: Sequence[int]) -> str:
     return f"id in [{', '.join(str(int(i)) for i in ids)}]"
-
-
-def matches(where: Where, document_id: str, meta: Mapping[str, object] | None) -> bool:
-    """The filter applied to one hydrated row, with SQL's meaning of equality (a boolean is
-    not a number; 3 equals 3.0)."""
-    if where.document_ids and document_id not in where.document_ids:
-        return False
-    meta = meta or {}
-    for key, want in (where.metadata or {}).items():
-        have = meta.get(key)
-        if isinstance(want, bool) or isinstance(have, bool):
-            if have is not want:
-                return False
-        elif isinstance(want, int | float):
-            if not isinstance(have, int | float) or float(have) != float(want):
-                return False
-        elif have != want:
-            return False
-    return True

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 from rag.errors import Invalid
 from rag.index.base import (
     Allowed,
+    Attrs,
     Hits,
     Ids,
     Vectors,
@@ -35,12 +36,13 @@ from rag.index.base import (
     as_vectors,
     auto_ef_search,
 )
+from rag.index.filters import Where
 from rag.index.milvus.engine import (
     INDEX_TYPES,
     MilvusEngine,
     translated,
 )
-from rag.index.milvus.filters import ID_LIST_MAX, Where, expression, id_list
+from rag.index.milvus.filters import ID_LIST_MAX, expression, id_list
 from rag.index.params import Param
 from rag.knobs import Knobs
 
@@ -51,7 +53,6 @@ LIMIT_MAX = 16_384
 _COUNT_TTL_S = 1.0
 _ID_BATCH = 4096
 
-Attrs = Sequence[tuple[str, dict[str, Any]]]  # (document id, metadata) per row
 # What a bound index asks when its Milvus collection has gone: the current (name, params).
 Resolver = Callable[[], tuple[str, dict[str, Any]] | None]
 
@@ -62,9 +63,11 @@ class MilvusIndex:
     shared = True  # one copy for every replica, kept by one writer at a time
     wants_attributes = True  # rows carry their document id and metadata (for filters)
     filters_inside = True  # so `search` takes a `where` and evaluates it in Milvus
+    needs_retrain = False  # Milvus trains its own index as segments are sealed
+    deleted_count = 0  # a removed row is deleted in Milvus, which compacts it away
     # What it takes, with the bounds __init__ holds them to (rag.index.params; the API checks
     # requests against these before anything is built).
-    param_schema = {
+    param_schema: Mapping[str, Param] = {
         "index_type": Param(str, choices=INDEX_TYPES, doc="Milvus's index type"),
         "m": Param(int, 2, 128, doc="HNSW links per node"),
         "ef_construction": Param(int, 1, 4096, doc="HNSW candidate list while building"),
@@ -160,10 +163,17 @@ class MilvusIndex:
         return "nprobe" if self.index_type.startswith("IVF") else None
 
     def default_ef_search(self) -> int:
+        if self.index_type != "HNSW":
+            return 0
         return self.ef_search or auto_ef_search(len(self))
 
     def default_nprobe(self) -> int:
+        if not self.index_type.startswith("IVF"):
+            return 0
         return self.nprobe or min(self.nlist, 16)
+
+    def nprobe_max(self) -> int:
+        return self.nlist if self.index_type.startswith("IVF") else 0
 
     def _bound(self) -> tuple[MilvusEngine, str]:
         if self._engine is None or self._name is None:
@@ -215,7 +225,6 @@ class MilvusIndex:
         wanted = np.unique(as_ids(ids))
         if not len(wanted):
             return 0
-        engine, name = self._bound()
         removed = 0
         for start in range(0, len(wanted), _ID_BATCH):
             block = wanted[start : start + _ID_BATCH].tolist()
@@ -243,7 +252,6 @@ class MilvusIndex:
 
     def compact(self) -> None:
         """Reclaim deleted rows now (Milvus otherwise compacts on its own schedule)."""
-        engine, name = self._bound()
         self.flush()
         self._call("compact")
 
@@ -260,14 +268,12 @@ class MilvusIndex:
             return cached[1]
         if self._engine is None:
             return 0
-        engine, name = self._bound()
         rows = self._call("query", filter="", output_fields=["count(*)"])
         n = int(rows[0]["count(*)"]) if rows else 0
         self._count = (time.monotonic(), n)
         return n
 
     def ids(self) -> Ids:
-        engine, name = self._bound()
         out: list[int] = []
         iterator = self._call(
             "query_iterator", batch_size=_ID_BATCH, filter="", output_fields=["id"]
@@ -291,7 +297,7 @@ class MilvusIndex:
     ) -> list[Hits]:
         """Top-k per query. `allowed` (chunk ids resolved in SQL) goes into the expression as
         an id list when it is short enough, else the hits are filtered here; `where` goes in
-        as far as it maps (the caller applies the rest: see rag.index.milvus.filters)."""
+        as far as it maps (the caller applies the rest: see rag.index.filters)."""
         queries = as_vectors(queries, self.dim)
         k = knobs.top_k
         parts: list[str] = []

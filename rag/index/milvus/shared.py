@@ -1,5 +1,7 @@
-"""Milvus-backed collections across replicas: which Milvus collection serves, one writer of
-the change log at a time, rebuilds into a new Milvus collection swapped in when complete.
+"""The shared keeper (rag.index.keeper): Milvus-backed collections across replicas. Which
+Milvus collection serves, one writer of the change log at a time, rebuilds into a new Milvus
+collection swapped in when complete; no snapshots, and a mismatch with SQL is mended by a
+rebuild.
 
 Every replica holds a thin `MilvusIndex` handle per collection. A search first probes the
 change log past the last watermark this process saw (one indexed query, as for the in-process
@@ -22,14 +24,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from rag.db import Database, changelog
 from rag.db import milvus_collections as bindings
 from rag.errors import Invalid
+from rag.index import erase
+from rag.index.live import Live
 from rag.index.milvus.engine import MilvusEngine
 from rag.index.milvus.index import MilvusIndex
-from rag.index.sync import SqlSource
+from rag.index.sync import Spec, SqlSource
+from rag.index.verify import Check
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +45,70 @@ BUILD_STALE_S = 3600.0
 REFRESH_S = 5.0
 
 
-class SharedIndexes:
+class SharedKeeper:
     def __init__(self, db: Database, source: SqlSource, engine: MilvusEngine) -> None:
         self.db = db
         self.source = source
         self.engine = engine
         self._refreshed: dict[str, float] = {}
 
+    # ------------------------------------------------------------------ the keeper
+
+    def open(self, collection_id: str, spec: Spec) -> Live:
+        handle, mark = self._serving(collection_id, spec.params)
+        live = Live(collection_id, handle, mark, auto=False, erased_to=mark)
+        with live.lock:
+            _, live.watermark = self._catch_up(collection_id, handle, mark, wait_s=30.0)
+        return live
+
+    def catch_up(self, live: Live, wait_s: float | None) -> int:
+        count, live.watermark = self._catch_up(
+            live.collection_id,
+            _milvus(live),
+            live.watermark,
+            wait_s=30.0 if wait_s is None else wait_s,
+        )
+        return count
+
+    def snapshot(self, live: Live) -> None:
+        return None  # the index lives in Milvus
+
+    def repair(self, live: Live) -> Check | None:
+        return None  # Milvus's copy is mended by a rebuild from SQL
+
+    def count_check(self, live: Live) -> Check | None:
+        return None  # a count in Milvus lags its writes; `check` compares the ids
+
+    def erase(self, live: Live) -> None:
+        """The writer deleted removed chunks as it applied them; what is left is to have
+        Milvus compact them out of its segments."""
+        live.catch_up(self.catch_up, 0)
+        erase.compact_removed(self.db, live.collection_id, live)
+
+    def rebuild(self, live: Live, spec: Spec, *, asked: bool) -> None:
+        # A rebuild asked for builds anew; the maintenance loop's adopts a Milvus collection
+        # another replica built to this spec.
+        index, mark = self._build(live.collection_id, spec.params, force=asked)
+        with live.lock:
+            live.index, live.watermark, live.auto = index, mark, False
+            live.erased_to, live.generation = mark, None
+            live.changes_since_snapshot, live.stale = 0, False
+
+    def drop(self, collection_id: str) -> None:
+        self._drop(collection_id)
+
+    def sweep(self, open_ids: Collection[str]) -> int:
+        """Drop the Milvus collections of deleted collections; returns how many went."""
+        with self.db.read() as session:
+            orphans = bindings.orphans(session)
+        return sum(self._drop(b.collection_id) for b in orphans)
+
+    def close(self) -> None:
+        self.engine.close()
+
     # ------------------------------------------------------------------ opening
 
-    def open(self, collection_id: str, params: dict[str, Any]) -> tuple[MilvusIndex, int]:
+    def _serving(self, collection_id: str, params: dict[str, Any]) -> tuple[MilvusIndex, int]:
         """The collection's Milvus index and its shared watermark; built from SQL when no
         Milvus collection serves it yet (by one replica: the others wait for that build)."""
         with self.db.read() as session:
@@ -56,7 +116,7 @@ class SharedIndexes:
         if binding is not None and binding.name is not None:
             index = self._handle(collection_id, binding.name, binding.params)
             return index, binding.watermark
-        return self.rebuild(collection_id, params, force=False)
+        return self._build(collection_id, params, force=False)
 
     def _handle(self, collection_id: str, name: str, params: dict[str, Any]) -> MilvusIndex:
         index = MilvusIndex(self.source.dim, **params)
@@ -72,7 +132,7 @@ class SharedIndexes:
 
     # ------------------------------------------------------------------ catching up
 
-    def catch_up(
+    def _catch_up(
         self, collection_id: str, index: MilvusIndex, seen: int, wait_s: float
     ) -> tuple[int, int]:
         """Bring the Milvus copy up to the change log's head (this process writing, or
@@ -123,7 +183,7 @@ class SharedIndexes:
 
     # ------------------------------------------------------------------ rebuilding
 
-    def rebuild(
+    def _build(
         self, collection_id: str, params: dict[str, Any], *, force: bool
     ) -> tuple[MilvusIndex, int]:
         """Fill a new Milvus collection from SQL, catch it up, and swap its name in (in the
@@ -180,7 +240,7 @@ class SharedIndexes:
 
     # ------------------------------------------------------------------ purging
 
-    def drop(self, collection_id: str) -> bool:
+    def _drop(self, collection_id: str) -> bool:
         """Drop the collection's Milvus collections and forget them (a deleted or purged
         collection). True when there was something to drop."""
         with self.db.write() as session:
@@ -191,12 +251,6 @@ class SharedIndexes:
             assert name is not None
             self._drop_quietly(name)
         return True
-
-    def sweep(self) -> int:
-        """Drop the Milvus collections of deleted collections; returns how many went."""
-        with self.db.read() as session:
-            orphans = bindings.orphans(session)
-        return sum(self.drop(b.collection_id) for b in orphans)
 
     def _drop_quietly(self, name: str) -> None:
         try:
@@ -211,3 +265,10 @@ def _normal(params: dict[str, Any]) -> dict[str, Any]:
         return MilvusIndex(1, **params).params
     except TypeError as exc:
         raise Invalid(f"bad parameters for a milvus index: {exc}") from exc
+
+
+def _milvus(live: Live) -> MilvusIndex:
+    """The live index as the Milvus index this keeper bound it to."""
+    if not isinstance(live.index, MilvusIndex):
+        raise TypeError(f"index {live.collection_id} is a {live.index.kind}: not kept in Milvus")
+    return live.index
