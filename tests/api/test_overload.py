@@ -19,8 +19,8 @@ from rag.embed import Embedder
 from tests.conftest import Api
 
 
-def _pools(api: Api, **advanced: Any) -> Pools:
-    pools = Pools(ApiSettings(advanced=ApiAdvanced(**advanced)))
+def _pools(api: Api, max_long_polls: int = 256, **advanced: Any) -> Pools:
+    pools = Pools(ApiSettings(max_long_polls=max_long_polls, advanced=ApiAdvanced(**advanced)))
     api.client.app.state.pools = pools  # type: ignore[attr-defined]
     return pools
 
