@@ -36,11 +36,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -309,7 +311,7 @@ def one_size(
 def queue_worker(url: str) -> int:
     """A worker process on an empty pipeline: waits for GO on stdin, then drains the queue
     and prints `DONE <jobs> <time of its last job>`."""
-    from ingest.pipeline import Pipeline
+    from ingest.pipeline import Chunked, Pipeline
     from ingest.worker import Worker
     from rag.config import IngestSettings
     from rag.db import Database
@@ -319,7 +321,10 @@ def queue_worker(url: str) -> int:
         def parse(self, data: bytes, media_type: str) -> str:
             return data.decode()
 
-        def embed(self, batch: list[Any]) -> list[Any]:
+        def embed(
+            self, batch: list[Chunked], pause: Callable[[], None] | None = None
+        ) -> list[npt.NDArray[np.float32]]:
+            # No model and so no slices to pause between: the bench times the queue alone.
             return [np.zeros((len(c.chunks), self.embedder.dim), np.float32) for c in batch]
 
     db = Database(url)

@@ -176,13 +176,20 @@ def rated_by(session: Session, answer_id: str, key_id: str) -> list[Feedback]:
 # ---------------------------------------------------------------- series
 
 
+def _bucket(created_at: Any, since: float, width_s: float) -> Any:
+    """Which `width_s`-wide bucket after `since` a time falls in: bucket i holds
+    [since + i * width_s, since + (i + 1) * width_s). Floored before the cast, as PostgreSQL's
+    cast to integer rounds where SQLite's truncates."""
+    return cast(func.floor((created_at - since) / width_s), Integer).label("bucket")
+
+
 def series(
     session: Session, collection_id: str, since: float, width_s: float
 ) -> list[dict[str, Any]]:
     """Answers of a collection since `since`, in buckets of `width_s` seconds: counts by
     answer_source and finish_reason, unsupported sentences, mean top score and gap, mean
     first-token and answer latency."""
-    bucket = cast((Answer.created_at - since) / width_s, Integer).label("bucket")
+    bucket = _bucket(Answer.created_at, since, width_s)
     where = (Answer.collection_id == collection_id, Answer.created_at >= since)
     rows = session.execute(
         select(
@@ -221,7 +228,7 @@ def feedback_series(
     session: Session, collection_id: str, since: float, width_s: float
 ) -> list[tuple[int, str, int]]:
     """(bucket, rating, count) of a collection's feedback since `since`."""
-    bucket = cast((Feedback.created_at - since) / width_s, Integer).label("bucket")
+    bucket = _bucket(Feedback.created_at, since, width_s)
     rows = session.execute(
         select(bucket, Feedback.rating, func.count())
         .where(Feedback.collection_id == collection_id, Feedback.created_at >= since)

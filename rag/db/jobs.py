@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy import ColumnElement, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from rag.db.models import Blob, Collection, Document, IngestJob, now
@@ -160,8 +160,20 @@ def _fair_due(
         .limit(limit)
     ).all()
     oldest_first = (IngestJob.run_after, IngestJob.id)
-    if len(tenants) <= 1:  # one tenant waiting: its oldest jobs, in one statement
-        stmt = select(IngestJob).where(_due(t, exclude)).order_by(*oldest_first).limit(limit)
+    if not tenants:
+        return []
+    if len(tenants) == 1:
+        # One tenant picked (the only one waiting, or `limit` is 1): its oldest jobs, in one
+        # statement. Other tenants' jobs sort after all of its own, so they are taken only when
+        # a concurrent claim holds the picked tenant's (PostgreSQL skips locked rows) and this
+        # claim would otherwise come back short.
+        others_last = case((IngestJob.tenant_id == tenants[0], 0), else_=1)
+        stmt = (
+            select(IngestJob)
+            .where(_due(t, exclude))
+            .order_by(others_last, *oldest_first)
+            .limit(limit)
+        )
         if skip_locked:
             stmt = stmt.with_for_update(skip_locked=True)
         return list(session.scalars(stmt))

@@ -182,12 +182,6 @@ def test_the_next_claim_starts_with_the_tenant_served_least_recently(
     assert [j.id for j in next_claim] == [third[0][0], flood[1][0]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim() / claim_many(limit=1) ignore the tenant _fair_due picked: with one tenant "
-    "chosen (the list is cut to `limit`) it takes the oldest due job of any tenant, so a "
-    "tenant's flood runs before another tenant's upload (also with ingest.claim_batch=1)",
-)
 def test_one_claim_at_a_time_serves_the_tenant_served_least_recently(
     db: Database, make: Make
 ) -> None:
