@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from _data import shared
 
-from rag.ops.eval import overlap
+from rag.ops.scoring import overlap
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def normalise(text: str) -> list[str]:
 
 
 def token_f1(prediction: str, reference: str) -> float:
-    """rag.ops.eval's token F1, over this normalisation (citation markers removed)."""
+    """rag.ops.scoring's token F1, over this normalisation (citation markers removed)."""
     pred, ref = normalise(prediction), normalise(reference)
     if not pred or not ref:
         return float(pred == ref)

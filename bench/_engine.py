@@ -26,6 +26,7 @@ import torch
 from _data import shared
 
 from rag.engine import EngineSettings, SamplingParams, build_engine
+from rag.engine.config import EngineAdvanced
 from rag.engine.loader import resolve_folder
 from rag.engine.tokenizer import HFTokenizer
 
@@ -251,9 +252,11 @@ def engine_settings(args: argparse.Namespace, **over: Any) -> EngineSettings:
         "max_num_batched_tokens": args.budget,
         "max_waiting": 1024,
     }
-    if args.kv_dtype:
-        base["kv_dtype"] = args.kv_dtype
-    return EngineSettings(**(base | over))
+    advanced: dict[str, Any] = {"kv_dtype": args.kv_dtype} if args.kv_dtype else {}
+    # `over` may name advanced settings too (weights=, speculative=): they go to their group.
+    for key in over.keys() & EngineAdvanced.model_fields.keys():
+        advanced[key] = over.pop(key)
+    return EngineSettings(**(base | over), advanced=EngineAdvanced(**advanced))
 
 
 @contextlib.contextmanager

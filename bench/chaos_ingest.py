@@ -57,9 +57,9 @@ def main() -> None:
         url = services.db.url.render_as_string(hide_password=False)
         worker_env = {
             "RAG_EMBED__BACKEND": settings.embed.backend,
-            "RAG_INGEST__LEASE_S": "1.0",
-            "RAG_INGEST__POLL_INTERVAL_S": "0.05",
-            "RAG_INGEST__BACKOFF_BASE_S": "0.05",
+            "RAG_INGEST__ADVANCED__LEASE_S": "1.0",
+            "RAG_INGEST__ADVANCED__POLL_INTERVAL_S": "0.05",
+            "RAG_INGEST__ADVANCED__BACKOFF_BASE_S": "0.05",
             "RAG_AUTH__ADMIN_KEY": "bench-admin-key-0123456789",
         }
         headers = {"Authorization": "Bearer bench-admin-key-0123456789"}

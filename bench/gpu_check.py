@@ -77,11 +77,12 @@ def random_models(seed: int = 0):  # type: ignore[no-untyped-def]
 
 def engine(model, dtype: str, weights: str, **kw):  # type: ignore[no-untyped-def]
     from rag.engine.build import engine_for_model
-    from rag.engine.config import EngineSettings
+    from rag.engine.config import EngineAdvanced, EngineSettings
 
     settings = EngineSettings(
-        device=DEVICE, dtype=dtype, weights=weights, speculative=False, max_num_seqs=64,
-        max_num_batched_tokens=8192, kv_cache_mb=8192, max_waiting=1024, **kw,
+        device=DEVICE, max_num_seqs=64, max_num_batched_tokens=8192, kv_cache_mb=8192,
+        max_waiting=1024,
+        advanced=EngineAdvanced(dtype=dtype, weights=weights, speculative=False, **kw),
     )  # fmt: skip
     return engine_for_model(model, ByteTokenizer(), (), settings)
 

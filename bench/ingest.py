@@ -49,7 +49,7 @@ def run_pipeline(
     settings = Settings(
         data_dir=workdir,
         auth={"admin_key": "bench-admin-key-0123456789"},
-        ingest={"poll_interval_s": 0.05},
+        ingest={"advanced": {"poll_interval_s": 0.05}},
     )
     services = build_services(settings, embedder=embedder)
     headers = {"Authorization": "Bearer bench-admin-key-0123456789"}

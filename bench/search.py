@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "--query-format",
         default="auto",
         choices=["auto", "float32", "int8"],
-        help="what embeds the HTTP run's queries (RAG_EMBED__QUERY_FORMAT; auto is int8)",
+        help="what embeds the HTTP run's queries (RAG_EMBED__ADVANCED__QUERY_FORMAT; auto is int8)",
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

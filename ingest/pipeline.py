@@ -120,7 +120,7 @@ class Pipeline:
         still_ours()
         max_tokens = min(inp.chunk_tokens, self.embedder.max_tokens)
         overlap = min(inp.chunk_overlap, max_tokens // 2)
-        max_chars = max_tokens * self.settings.chunk_chars_per_token
+        max_chars = max_tokens * self.settings.advanced.chunk_chars_per_token
         spans = chunk_text(text, self.embedder.token_spans, max_tokens, overlap, max_chars)
         if not spans:
             raise PermanentFailure("the document contains no text")
@@ -215,7 +215,7 @@ class Pipeline:
         used up every attempt and failed the document for good). The lease outlives the
         pauses (the worker's heartbeat renews it once the database is back); steps are
         idempotent."""
-        give_up = time.monotonic() + self.settings.transient_retry_s
+        give_up = time.monotonic() + self.settings.advanced.transient_retry_s
         pause = 0.1
         while True:
             try:
@@ -247,8 +247,8 @@ class Pipeline:
             job,
             reason[:2000],
             permanent=permanent,
-            backoff_base_s=self.settings.backoff_base_s,
-            backoff_max_s=self.settings.backoff_max_s,
+            backoff_base_s=self.settings.advanced.backoff_base_s,
+            backoff_max_s=self.settings.advanced.backoff_max_s,
         )
         log.info("job %s: %s", job.id, state)
 

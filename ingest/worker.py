@@ -121,14 +121,15 @@ class Worker:
         return True
 
     def _process(self, held: list[ClaimedJob], pause: Callable[[], None] | None = None) -> None:
-        with _Claim(self.db, held, self.settings.lease_s, pause) as claim:
+        with _Claim(self.db, held, self.settings.advanced.lease_s, pause) as claim:
             self.pipeline.run(claim)
         self.processed += len(held)
 
     def _claim_batch(self, exclude_tenants: list[str] | None = None) -> list[ClaimedJob]:
+        tuning = self.settings.advanced
         return jobs.claim_many(
-            self.db, self.owner, self.settings.lease_s, self.settings.claim_batch,
-            self.settings.claim_bytes, exclude_tenants=exclude_tenants or (),
+            self.db, self.owner, tuning.lease_s, tuning.claim_batch, tuning.claim_bytes,
+            exclude_tenants=exclude_tenants or (),
         )  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
@@ -142,7 +143,7 @@ class Worker:
                 log.exception("worker %s: claim failed", self.owner)
                 busy = False
             if not busy:
-                self.wake.wait(self.settings.poll_interval_s)
+                self.wake.wait(self.settings.advanced.poll_interval_s)
                 self.wake.clear()
         log.info("worker %s stopped", self.owner)
 

@@ -109,10 +109,8 @@ def make_settings(
 ) -> Settings:
     """`sections`: other settings by section, e.g. {"purge": {"interval_s": 0.2}}."""
     values: dict[str, object] = {
-        "backoff_base_s": 0.05,
-        "poll_interval_s": 0.05,
-        "lease_s": 5.0,
         "parse_timeout_s": 20.0,
+        "advanced": {"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0},
     }
     values.update(ingest)
     sections = dict(sections or {})

@@ -63,4 +63,5 @@ def test_unknown_settings_still_stop_the_start(monkeypatch: pytest.MonkeyPatch) 
 def test_advanced_groups_hold_no_user_setting() -> None:
     users = set(_user_settings(Settings))
     assert "ask.mode" in users and "api.max_long_polls" in users
-    assert not users & {"ask.cite_mask", "engine.weights", "api.thread_queue", "quality.flush_s"}
+    assert not users & {"ask.cite_mask", "engine.weights", "api.thread_queue", "quality.flush_s",
+                         "ingest.lease_s"}  # fmt: skip

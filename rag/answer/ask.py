@@ -39,22 +39,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from rag.answer import history as histories
-from rag.answer import prompt as prompts
+import rag.answer.history as histories
+import rag.answer.prompt as prompts
 from rag.answer.cite import chooser
 from rag.answer.evidence import Choice, choose
 from rag.answer.extract import extract
-from rag.answer.generate import (
-    NOT_FOUND,
-    Generating,
-    Grounded,
-    Prepared,
-    Quoted,
-    Refused,
-    ReviewOptions,
-    admit,
-    start,
-)
+from rag.answer.generate import admit, start
+from rag.answer.kinds import Generating, Grounded, Quoted, Refused, ReviewOptions
+from rag.answer.prepared import NOT_FOUND, Prepared
 from rag.db import collections
 from rag.deadline import Deadline
 from rag.engine.protocol import KvReuse

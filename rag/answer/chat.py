@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rag.answer.generate import Generating, Prepared, admit, start
+from rag.answer.generate import admit, start
+from rag.answer.kinds import Generating
+from rag.answer.prepared import Prepared
 from rag.deadline import Deadline
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from rag.answer.cite import MARKER, STOP, stem, terms
-from rag.answer.evidence import WORD
+from rag.answer.question import WORD
 from rag.answer.segment import sentence_spans
 
 _HEDGE = re.compile(

@@ -20,7 +20,8 @@ part about what the question names: the cell under the column it names, or the c
 holds its names. A question is answerable when the unit and its context hold the question's
 names (capitalised words, numbers: what no other passage can stand in for), what it asks for,
 and enough of its terms. The same choice serves the extractive mode, the grounded answer (the
-one passage the generator sees) and the check of what it writes (rag.answer.check).
+one passage the generator sees) and the check of what it writes (rag.answer.check). What a
+question asks for, and where a text holds it, is read by rag.answer.question.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
-from rag.answer.cite import STOP, stem, terms
+from rag.answer.cite import terms
+from rag.answer.question import Ask, ask_of, candidates, counted, question_names
 from rag.answer.units import Unit, units
 
 
@@ -45,17 +46,6 @@ class PassageLike(Protocol):
     def text(self) -> str: ...
     @property
     def start_char(self) -> int: ...
-
-
-class Ask(Enum):
-    """What kind of answer a question wants."""
-
-    PERSON = "person"
-    TIME = "time"
-    NUMBER = "number"
-    PLACE = "place"
-    NAME = "name"  # "which magazine", "what treaty": a name
-    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -108,168 +98,6 @@ class Choice:
             and (self.similarity is None or self.similarity >= min_similarity)
             and self.predicate >= min_predicate
         )
-
-
-# A word, numbers and times included ("4.2.1", "09:30", "O'Neill", "mid-1480s").
-WORD = re.compile(r"[^\W_]+(?:[.:'-][^\W_]+)*", re.UNICODE)
-_NUMBER = re.compile(r"\d")
-_CLOCK = re.compile(r"\b\d{1,2}[:.]\d{2}\b")
-_YEAR = re.compile(r"^(?:1\d{3}|20\d{2}|\d{2,4}s|\d{1,2}(?:st|nd|rd|th))$")
-MONTHS = frozenset(
-    "january february march april may june july august september october november december "
-    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
-)
-WEEKDAYS = frozenset(
-    """monday tuesday wednesday thursday friday saturday sunday weekday weekdays weekend
-    weekends""".split()
-)
-NUMBER_WORDS = frozenset(
-    """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
-    fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
-    ninety hundred thousand million billion trillion half quarter dozen""".split()
-)
-TIME_WORDS = (
-    MONTHS
-    | WEEKDAYS
-    | frozenset(
-        """century centuries decade bc bce ad ce morning noon evening night midnight dawn
-        daily weekly monthly yearly annually am pm""".split()
-    )
-)
-PLACE_NOUNS = frozenset(
-    """city cities country countries town state states museum museums gallery continent
-    island islands river rivers region province capital place places location office
-    offices mountain mountains sea ocean lake nation county district street port""".split()
-)
-PERSON_NOUNS = frozenset(
-    """author authors writer painter composer artist director founder inventor person
-    people king queen emperor president leader scientist architect poet player producer
-    discoverer contact manager ghostwriter""".split()
-)
-DURATION_UNITS = frozenset(
-    """second seconds minute minutes hour hours day days week weeks month months year years
-    business working""".split()
-)
-_PLACE_BEFORE = frozenset("in at from near to into of on across for after".split())
-_PERSON_BEFORE = frozenset("by with to for".split())
-
-
-_ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
-    (re.compile(r"\bhow (?:many|much|long|old|far|big|large|tall|high|deep|often|fast|soon)\b"),
-     Ask.NUMBER),
-    (re.compile(r"\b(?:what|which) (?:percentage|number|amount|price|cost|limit|size|value)\b"),
-     Ask.NUMBER),
-    (re.compile(r"\b(?:when|until when|since when|what year|which year|what date|which date)\b"),
-     Ask.TIME),
-    (re.compile(r"\b(?:what|which) (?:time|times|day|days|month|decade|century|weekday)\b"),
-     Ask.TIME),
-    (re.compile(r"\bwho(?:m|se)?\b"), Ask.PERSON),
-    (re.compile(r"\bwhere\b"), Ask.PLACE),
-    (re.compile(r"\b(?:what|which) \w+"), Ask.OTHER),  # by its noun, below
-)  # fmt: skip
-
-
-def ask_of(question: str) -> Ask:
-    """The kind of answer `question` wants, from its first question word ("How old was he
-    when ..." asks for a number, not a time)."""
-    text = " ".join(w.lower() for w in WORD.findall(question))
-    found = [(m.start(), n, m) for n, (rx, _) in enumerate(_ASKS) if (m := rx.search(text))]
-    if not found:
-        return Ask.OTHER
-    _, n, m = min(found, key=lambda f: (f[0], f[1]))
-    ask = _ASKS[n][1]
-    if ask is not Ask.OTHER:
-        return ask
-    noun = m.group(0).split()[1]
-    if noun in PLACE_NOUNS:
-        return Ask.PLACE
-    if noun in PERSON_NOUNS:
-        return Ask.PERSON
-    if noun in STOP or noun in ("kind", "type", "sort", "is", "are", "was", "were", "does"):
-        return Ask.OTHER
-    return Ask.NAME
-
-
-_COUNTED = re.compile(r"\bhow many ([a-z]+)")
-
-
-def counted(question: str) -> str | None:
-    """What "how many ..." counts ("How many pages does it have?": pages), stemmed."""
-    m = _COUNTED.search(" ".join(w.lower() for w in WORD.findall(question)))
-    if m is None or m.group(1) in STOP or m.group(1) in ("more", "other", "different"):
-        return None
-    return stem(m.group(1))
-
-
-def question_names(question: str) -> set[str]:
-    """Capitalised words that do not start a sentence, and numbers: what a question is about
-    and no other passage can stand in for ("the capital of Vrelnia", "model X200")."""
-    out = set()
-    first = True
-    for m in WORD.finditer(question):
-        w = m.group(0)
-        lower = w.lower()
-        named = any(ch.isdigit() for ch in w) or (not first and w[:1].isupper())
-        if named and lower not in STOP:
-            out.add(stem(lower))
-        first = question[m.end() : m.end() + 2].lstrip(" \"'")[:1] in (".", "?", "!", ":")
-    return out
-
-
-def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
-    """Where `text` holds an answer of the kind asked for that the question does not:
-    [start, end) of each word that is one."""
-    words = list(WORD.finditer(text))
-    out = []
-    for n, m in enumerate(words):
-        w = m.group(0)
-        lower = w.lower()
-        if stem(lower) in asked:
-            continue
-        before = words[n - 1].group(0).lower() if n else ""
-        before2 = words[n - 2].group(0).lower() if n > 1 else ""
-        after = words[n + 1].group(0).lower() if n + 1 < len(words) else ""
-        digit = bool(_NUMBER.search(w))
-        capital = w[:1].isupper() and lower not in STOP and lower not in MONTHS
-        if ask is Ask.NUMBER:
-            hit = digit or lower in NUMBER_WORDS
-        elif ask is Ask.TIME:
-            hit = (
-                bool(_YEAR.match(lower))
-                or lower in TIME_WORDS
-                or bool(_CLOCK.match(w))
-                or ((digit or lower in NUMBER_WORDS) and after in DURATION_UNITS)
-                or ((digit or lower in NUMBER_WORDS) and before == "at")  # "at nine"
-            )
-        elif ask is Ask.PLACE:
-            hit = (
-                capital
-                and n > 0
-                and (
-                    before in _PLACE_BEFORE
-                    or (before == "the" and before2 in _PLACE_BEFORE)
-                    or bool(_NUMBER.match(after))  # a street and its number
-                )
-            )
-        elif ask is Ask.PERSON:
-            nxt = words[n + 1].group(0) if n + 1 < len(words) else ""
-            prev = words[n - 1].group(0) if n else ""
-            # A full name: two capitalised words in a row, not at the sentence's start.
-            hit = (
-                capital
-                and n > 0
-                and (
-                    (nxt[:1].isupper() and nxt.lower() not in STOP)
-                    or (prev[:1].isupper() and n > 1 and prev.lower() not in STOP)
-                )
-            )
-        elif ask is Ask.NAME:
-            hit = (capital and n > 0) or digit or lower in NUMBER_WORDS
-        else:
-            hit = True
-        if hit:
-            out.append((m.start(), m.end()))
-    return out
 
 
 @dataclass

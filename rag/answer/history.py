@@ -19,7 +19,7 @@ the second. The result is what the answer path searches, chooses its evidence fo
 the prompt's last line; the final event reports it (`searched_query`), and a request's
 `rewrite: false` turns all of this off.
 
-Every pattern here is linear: words are found by one scan (rag.answer.evidence.WORD) and
+Every pattern here is linear: words are found by one scan (rag.answer.question.WORD) and
 everything else works on the list of words.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rag.answer.cite import MARKER, STOP
-from rag.answer.evidence import WORD, Ask, ask_of
+from rag.answer.question import WORD, Ask, ask_of
 from rag.errors import TooLarge
 
 # Words that point back at something named before.

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rag.embed import quantize
+import rag.embed.quantize as quantize
 
 log = logging.getLogger(__name__)
 

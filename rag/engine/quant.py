@@ -51,9 +51,8 @@ DECODE_ROWS = 4
 # with bench/engine_burst.py). With AMX tiles bfloat16 matmuls overtake from about DECODE_ROWS on.
 FUSED_ROWS = 16
 # Where bfloat16 is emulated (AVX2 only: the dense copy is float32, 4 bytes a weight), the
-# quantized kernel stays ahead far longer: on an AVX2-only AMD Zen 3 the fused step was the
-# fastest up to 32 rows and the float32 matmuls from 48 on (docs/decisions.md, "CPUs without
-# AVX512-BF16").
+# quantized kernel stays ahead far longer: the fused step up to this many rows (the runs on an
+# AVX2-only CPU are in docs/decisions.md, "CPUs without AVX512-BF16").
 EMULATED_ROWS = 32
 
 

@@ -1,11 +1,8 @@
 """Retrieval and answer quality of a collection against BEIR-style judgements.
 
-Inputs (the BEIR layout):
-- queries.jsonl: one `{"_id": ..., "text": ...}` per line;
-- qrels.tsv: `query-id <TAB> corpus-id <TAB> score` with a header line; score > 0 is relevant
-  (graded scores are used as gains in nDCG);
-- answers.jsonl (optional): `{"_id": ..., "answer": ...}` per line (`query-id`/`qid` and
-  `text` are accepted too).
+Inputs: queries, qrels and (optionally) reference answers in the BEIR layout, read by
+rag.ops.judgements (`read_queries`, `read_qrels`, `read_answers`, re-exported here); the
+metrics are in rag.ops.scoring.
 
 Corpus ids name documents: a document's corpus id is its metadata key `_id` when it has one
 (upload with `metadata={"_id": "doc-17"}`), otherwise its filename, and its filename without
@@ -32,15 +29,9 @@ one citation. Answers come from an `AnswerFn`; `default_answer_fn` uses the serv
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
-import re
-import string
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rag.answer import AskRequest, Final, ask, collect
@@ -48,11 +39,15 @@ from rag.db import collections, documents
 from rag.db.models import Collection
 from rag.errors import Invalid, NotFound
 from rag.knobs import Knobs
+from rag.ops.judgements import Qrels
+from rag.ops.judgements import read_answers as read_answers
+from rag.ops.judgements import read_qrels as read_qrels
+from rag.ops.judgements import read_queries as read_queries
+from rag.ops.scoring import dedupe, mrr_at, ndcg_at, recall_at, token_f1
 from rag.services import Services
 
 log = logging.getLogger(__name__)
 
-Qrels = dict[str, dict[str, int]]
 Progress = Callable[[Iterable[Any]], Iterable[Any]]
 
 
@@ -146,113 +141,6 @@ class Report:
             "hybrid": self.hybrid.as_dict() if self.hybrid is not None else None,
             "candidate_answers": self.candidate_answers,
         }
-
-
-# ---------------------------------------------------------------- reading the files
-
-
-def read_queries(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            out[str(row["_id"])] = str(row["text"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise Invalid(f"{path}:{n}: expected a JSON object with '_id' and 'text'") from None
-    return out
-
-
-def read_qrels(path: Path) -> Qrels:
-    out: Qrels = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        parts = line.split("\t") if "\t" in line else line.split()
-        if not parts or not line.strip():
-            continue
-        if len(parts) < 3:
-            raise Invalid(f"{path}:{n}: expected 'query-id corpus-id score'")
-        try:
-            score = int(float(parts[2]))
-        except ValueError:
-            if n == 1:
-                continue  # the header line
-            raise Invalid(f"{path}:{n}: score {parts[2]!r} is not a number") from None
-        out.setdefault(parts[0], {})[parts[1]] = score
-    return out
-
-
-def read_answers(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise Invalid(f"{path}:{n}: not a JSON object") from None
-        if not isinstance(row, dict):
-            raise Invalid(f"{path}:{n}: not a JSON object")
-        qid = row.get("_id", row.get("query-id", row.get("qid")))
-        answer = row.get("answer", row.get("text"))
-        if qid is None or answer is None:
-            raise Invalid(f"{path}:{n}: expected '_id' and 'answer'")
-        out[str(qid)] = str(answer)
-    return out
-
-
-# ---------------------------------------------------------------- the metrics
-
-
-def recall_at(ranking: Sequence[str], relevant: dict[str, int], k: int) -> float:
-    wanted = {d for d, s in relevant.items() if s > 0}
-    if not wanted:
-        return 0.0
-    return len(wanted & set(ranking[:k])) / len(wanted)
-
-
-def mrr_at(ranking: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
-    for rank, doc in enumerate(ranking[:k], 1):
-        if relevant.get(doc, 0) > 0:
-            return 1.0 / rank
-    return 0.0
-
-
-def ndcg_at(ranking: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
-    dcg = sum(
-        max(relevant.get(doc, 0), 0) / math.log2(rank + 1)
-        for rank, doc in enumerate(ranking[:k], 1)
-    )
-    ideal = sorted((s for s in relevant.values() if s > 0), reverse=True)[:k]
-    idcg = sum(s / math.log2(rank + 1) for rank, s in enumerate(ideal, 1))
-    return dcg / idcg if idcg else 0.0
-
-
-def _normalize(text: str) -> list[str]:
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return text.split()
-
-
-def overlap(pred: list[str], ref: list[str]) -> tuple[float, float, float]:
-    """Token F1, precision and recall of two token lists (all 0 when they share none)."""
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0, 0.0, 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall), precision, recall
-
-
-def token_f1(prediction: str, reference: str) -> float:
-    pred, ref = _normalize(prediction), _normalize(reference)
-    if not pred or not ref:
-        return float(pred == ref)
-    return overlap(pred, ref)[0]
-
-
-def dedupe(ids: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(ids))
 
 
 # ---------------------------------------------------------------- running it

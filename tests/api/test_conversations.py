@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rag.auth import create_key
-from tests.ask.conftest import FakeEngine, ingest, parse_sse
+from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
 FACTS = [

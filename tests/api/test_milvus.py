@@ -54,10 +54,8 @@ def replica(
             data_dir=tmp_path / f"replica{len(clients)}",
             database={"url": db_url},
             ingest={
-                "backoff_base_s": 0.05,
-                "poll_interval_s": 0.05,
-                "lease_s": 5.0,
                 "in_process_worker": worker,
+                "advanced": {"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0},
             },
             auth={"admin_key": "test-admin-key-0123456789"},
             milvus={"uri": milvus_uri, "collection_prefix": prefix},

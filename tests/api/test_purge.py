@@ -385,7 +385,7 @@ ASKED = "When does the {w} ferry leave?"
 
 
 def _conversing(make_api: Callable[..., Api], db_url: str, **sections: dict[str, object]) -> Api:
-    from tests.ask.conftest import FakeEngine
+    from tests.answer.conftest import FakeEngine
 
     api = make_api(db_url, HashEmbedder(384), engine=FakeEngine("It leaves at 9:00."),
                    sections={**MANUAL, **sections})  # fmt: skip
@@ -533,7 +533,7 @@ NOTED = ["walrusquillqz", "pelicanfeatherqz"]
 
 
 def _quality_api(make_api: Callable[..., Api], db_url: str) -> Api:
-    from tests.ask.conftest import FakeEngine
+    from tests.answer.conftest import FakeEngine
 
     return make_api(
         db_url,

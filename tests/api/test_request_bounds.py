@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.ask.conftest import FakeEngine
+from tests.answer.conftest import FakeEngine
 from tests.conftest import Api
 
 CHAT = "/v1/chat/completions"

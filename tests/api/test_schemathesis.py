@@ -4,7 +4,7 @@ and headers documented, bodies as declared, bounds enforced as stated, valid dat
 app on a loopback port, with 0 failures and 0 server errors.
 
 The stateful phase really creates and deletes: the app has a throwaway data dir. Generation is
-the fake generator (tests/ask/conftest.py), given a context no prompt fills: whether a prompt
+the fake generator (tests/answer/conftest.py), given a context no prompt fills: whether a prompt
 and max_tokens fit a real model's context is the model's business, not the schema's. What a
 schema cannot state is listed, per operation, in tests/api/schemathesis.toml."""
 
@@ -20,7 +20,7 @@ import pytest
 from rag.api.app import create_app
 from rag.embed import HashEmbedder
 from rag.services import build_services
-from tests.ask.conftest import FakeEngine
+from tests.answer.conftest import FakeEngine
 from tests.conftest import ADMIN, LiveServer, make_settings
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

@@ -117,7 +117,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     settings = Settings(
         data_dir=tmp_path / "data",
         database={"url": f"sqlite:///{tmp_path / 'rag.db'}"},
-        ingest={"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0},
+        ingest={"advanced": {"backoff_base_s": 0.05, "poll_interval_s": 0.05, "lease_s": 5.0}},
         # The hash embedder's scores are low: let every passage through to the generator,
         # which sees them all and writes the answer the console renders ("all"); the default
         # ("one": a quote, then a checked sentence) has its own test.

@@ -122,7 +122,7 @@ def test_int4_computes_with_the_ggufs_own_weights(smollm, expected):
     """The bundled GGUF is Q4_1 (its embedding Q8_0): in int4 the engine holds those groups
     exactly, so with every step through the quantized kernel (prefill too) the greedy tokens
     are float32's, which are transformers'. The default routes prefill through a bfloat16 copy
-    instead (faster; bench/README.md measures what that costs)."""
+    instead (faster; bench/engine_accuracy.py measures what that costs)."""
     from rag.engine.kernels import kernels
     from rag.engine.quant import QuantLinear
 

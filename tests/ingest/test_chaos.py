@@ -20,9 +20,9 @@ CYCLES = 20  # the issue asks for at least 20 in the suite
 
 CHAOS_SETTINGS = {
     "RAG_EMBED__BACKEND": "hash",
-    "RAG_INGEST__LEASE_S": "1.0",
-    "RAG_INGEST__POLL_INTERVAL_S": "0.05",
-    "RAG_INGEST__BACKOFF_BASE_S": "0.05",
+    "RAG_INGEST__ADVANCED__LEASE_S": "1.0",
+    "RAG_INGEST__ADVANCED__POLL_INTERVAL_S": "0.05",
+    "RAG_INGEST__ADVANCED__BACKOFF_BASE_S": "0.05",
     "RAG_AUTH__ADMIN_KEY": "test-admin-key-0123456789",
 }
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from ingest.pipeline import Pipeline
 from ingest.worker import Worker
-from rag.config import IngestSettings
+from rag.config import IngestAdvanced, IngestSettings
 from rag.db import Database, collections, documents, ingested, jobs
 from rag.db.jobs import LeaseLost
 from rag.db.models import Chunk, Document, IngestJob, Tenant
@@ -67,7 +67,9 @@ def _tenant_of(session, cid: str) -> str:  # type: ignore[no-untyped-def]
 
 
 SETTINGS = IngestSettings(
-    lease_s=0.5, backoff_base_s=0.01, backoff_max_s=0.05, poll_interval_s=0.01
+    advanced=IngestAdvanced(
+        lease_s=0.5, backoff_base_s=0.01, backoff_max_s=0.05, poll_interval_s=0.01
+    )
 )
 
 
@@ -233,7 +235,7 @@ def test_a_batch_of_jobs_is_embedded_in_one_call(db: Database) -> None:
     emb = HashEmbedder()
     cid = _collection(db, emb)
     ids = [_upload(db, cid, f"document {i} " + "word " * (60 * (i + 1))) for i in range(5)]
-    settings = IngestSettings(lease_s=5, claim_batch=8)
+    settings = IngestSettings(advanced=IngestAdvanced(lease_s=5, claim_batch=8))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     emb.calls.clear()
     assert worker.run_once()
@@ -264,7 +266,7 @@ def test_one_bad_job_in_a_batch_fails_alone(db: Database) -> None:
             meta={},
             max_attempts=3,
         ).job.id  # type: ignore[union-attr]
-    settings = IngestSettings(lease_s=5, claim_batch=8, parse_timeout_s=20)
+    settings = IngestSettings(parse_timeout_s=20, advanced=IngestAdvanced(lease_s=5, claim_batch=8))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     assert worker.run_once()
     with db.read() as s:
@@ -316,7 +318,7 @@ def test_a_failed_batch_write_falls_back_to_one_job_at_a_time(
         return real(db_, batch, model)
 
     monkeypatch.setattr(jobs_module, "complete_many", flaky)
-    settings = IngestSettings(lease_s=5, claim_batch=8)
+    settings = IngestSettings(advanced=IngestAdvanced(lease_s=5, claim_batch=8))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     assert worker.run_once()
     assert batches == [3, 1, 1, 1]
@@ -346,7 +348,7 @@ def test_a_flood_delays_another_tenant_by_one_batch_at_most(db: Database) -> Non
     for i in range(40):
         _upload(db, flood, f"flood {i}")
     late = _upload(db, other, "uploaded after the flood")
-    settings = IngestSettings(lease_s=5, claim_batch=8)
+    settings = IngestSettings(advanced=IngestAdvanced(lease_s=5, claim_batch=8))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     assert worker.run_once()  # the first batch
     with db.read() as s:
@@ -363,7 +365,7 @@ def test_worker_threads_run_at_a_lower_priority(db: Database) -> None:
     import os
 
     seen: list[int] = []
-    settings = IngestSettings(poll_interval_s=0.01, worker_nice=7)
+    settings = IngestSettings(worker_nice=7, advanced=IngestAdvanced(poll_interval_s=0.01))
     worker = Worker(db, Pipeline(db, HashEmbedder(), settings), settings)
     stop = threading.Event()
     real = worker.run_once
@@ -389,7 +391,7 @@ def test_a_one_token_word_is_chunked_within_the_character_bound(db: Database) ->
     assert worker.run_once()
     with db.read() as s:
         lengths = [len(t) for t in s.scalars(select(Chunk.text))]
-    assert lengths and max(lengths) <= 64 * SETTINGS.chunk_chars_per_token
+    assert lengths and max(lengths) <= 64 * SETTINGS.advanced.chunk_chars_per_token
 
 
 @pytest.mark.timeout(60)
@@ -432,7 +434,9 @@ def test_a_database_outage_is_waited_out_not_charged_to_the_document(
 
     monkeypatch.setattr(ingested, "complete_many", down(ingested.complete_many))
     monkeypatch.setattr(ingested, "complete", down(ingested.complete))
-    settings = IngestSettings(lease_s=5, backoff_base_s=0.01, backoff_max_s=0.05)
+    settings = IngestSettings(
+        advanced=IngestAdvanced(lease_s=5, backoff_base_s=0.01, backoff_max_s=0.05)
+    )
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     for _ in range(100):
         worker.run_once()
@@ -482,7 +486,7 @@ def test_a_claim_stops_at_its_bytes_so_another_tenants_upload_waits_little(
     flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
     big = [_upload(db, flood, f"file {i} " + "filler words " * 8_000) for i in range(6)]
     small = _upload(db, honest, "the ferry leaves at nine")
-    settings = IngestSettings(claim_batch=64, claim_bytes=250_000)
+    settings = IngestSettings(advanced=IngestAdvanced(claim_batch=64, claim_bytes=250_000))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     first = worker._claim_batch()
     assert [j.id for j in first] == [big[0], small, big[1]]  # ~104 KB each, then the budget
@@ -499,7 +503,7 @@ def test_claims_take_turns_across_tenants_when_each_holds_one_job(db: Database) 
     emb = HashEmbedder()
     flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
     big = [_upload(db, flood, f"file {i} " + "filler words " * 8_000) for i in range(4)]
-    settings = IngestSettings(claim_batch=64, claim_bytes=50_000)
+    settings = IngestSettings(advanced=IngestAdvanced(claim_batch=64, claim_bytes=50_000))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     assert [j.id for j in worker._claim_batch()] == [big[0]]
     small = _upload(db, honest, "the ferry leaves at nine")  # queued after the flood's
@@ -531,7 +535,7 @@ def test_a_long_claim_pauses_for_another_tenants_upload(
     flood, honest = _collection(db, emb, "flood"), _collection(db, emb, "honest")
     uploaded: list[str] = []
     big = _upload(db, flood, " ".join(f"w{i}" for i in range(64 * 900)))  # ~1,000 chunks
-    settings = IngestSettings(lease_s=5, claim_batch=64)
+    settings = IngestSettings(advanced=IngestAdvanced(lease_s=5, claim_batch=64))
     worker = Worker(db, Pipeline(db, emb, settings), settings)
     assert worker.run_once()
     assert order[:4] == ["upload", "slice", "honest", "slice"]  # served after one slice

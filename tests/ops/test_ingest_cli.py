@@ -40,7 +40,7 @@ def test_ingest_a_folder_and_wait(
     monkeypatch.setenv("RAG_DATABASE__URL", sqlite_url)
     monkeypatch.setenv("RAG_EMBED__BACKEND", "hash")
     monkeypatch.setenv("RAG_AUTH__ADMIN_KEY", "test-admin-key-0123456789")
-    monkeypatch.setenv("RAG_INGEST__POLL_INTERVAL_S", "0.05")
+    monkeypatch.setenv("RAG_INGEST__ADVANCED__POLL_INTERVAL_S", "0.05")
     args = _parse(["ingest", str(folder), "--collection", "notes", "--wait"])
     assert args.func(args) == 0
     captured = capsys.readouterr()

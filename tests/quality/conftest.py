@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.ask.conftest import FakeEngine, ingest, live_api  # noqa: F401  (a fixture)
+from tests.answer.conftest import FakeEngine, ingest, live_api  # noqa: F401  (a fixture)
 from tests.conftest import Api
 
 FACTS = [

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from rag.db.models import Answer, AnswerDocument, Feedback
-from tests.ask.conftest import parse_sse
+from tests.answer.conftest import parse_sse
 from tests.conftest import Api
 from tests.quality.conftest import ASK, FACTS, flush, ingest, quality_api
 

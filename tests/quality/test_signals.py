@@ -241,7 +241,9 @@ def test_unanswered_topics_cluster_refused_questions_biggest_first(
 ) -> None:
     # Centres drawn at random are about orthogonal; a tighter cut than the default keeps
     # the strays of this small set apart.
-    api = quality_api(make_api, db_url, hash_embedder, store_questions=store, topic_distance=0.8)
+    api = quality_api(
+        make_api, db_url, hash_embedder, store_questions=store, advanced={"topic_distance": 0.8}
+    )
     cid = api.collection(api.a)
     docs = ingest(api, api.a, cid, FACTS)
     rng = np.random.default_rng(4)

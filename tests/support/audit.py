@@ -83,7 +83,7 @@ def pending_jobs(db: Database) -> int:
 def spawn_worker(db_url: str, data_dir: str, **settings: str) -> subprocess.Popen[bytes]:
     """Start `rag worker` as a separate process (for chaos drills: it gets SIGKILLed).
 
-    `settings` are extra RAG_* variables, e.g. RAG_INGEST__LEASE_S="1.0". The worker's log
+    `settings` are extra RAG_* variables, e.g. RAG_INGEST__ADVANCED__LEASE_S="1.0". The worker's log
     goes to `workers.log` in the data directory, for the post-mortem of a failed drill."""
     env = {
         **os.environ,

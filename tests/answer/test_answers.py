@@ -2,7 +2,7 @@
 otherwise): per-sentence attribution, unsupported and echoed sentences marked,
 refusal from evidence, the grounded sampling defaults reaching the engine, the repetition
 finish reason, and `sources` in the OpenAI responses. The generator is a fake here (these tests
-are about the service around it); tests/ask/test_answers_real.py runs the real one."""
+are about the service around it); tests/answer/test_answers_real.py runs the real one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rag.answer.evidence import choose, question_names
 from rag.answer.prompt import GROUNDED, ONE
 from rag.config import AskSettings
 from rag.engine import FinishReason, SamplingParams, TokenEvent, Usage
-from tests.ask.conftest import FakeEngine, ingest, parse_sse
+from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
 FACTS = [

@@ -2,7 +2,7 @@
 question the documents do not answer (without the generator) and none of one they do (the
 quote first), valid citations and `sources` through the official openai client, and an
 extractive answer whose spans are the document's text. (The repetition stop is tested with a
-fake generator in tests/ask/test_answers.py: the loop the real model wrote came with the
+fake generator in tests/answer/test_answers.py: the loop the real model wrote came with the
 legacy prompt, now gone.)"""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from rag.answer import NOT_FOUND
 from rag.config import AskSettings
-from tests.ask.conftest import Borrowed, LiveApi, ingest, parse_sse
+from tests.answer.conftest import Borrowed, LiveApi, ingest, parse_sse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rag.config import AskSettings
-from tests.ask.conftest import Borrowed, LiveApi, ingest
+from tests.answer.conftest import Borrowed, LiveApi, ingest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

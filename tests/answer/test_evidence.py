@@ -19,7 +19,7 @@ from rag.answer.prompt import ONE
 from rag.answer.segment import sentence_spans
 from rag.answer.units import units
 from rag.engine import FinishReason, TokenEvent, Usage
-from tests.ask.conftest import FakeEngine, ingest, parse_sse
+from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
 
@@ -183,10 +183,10 @@ def test_choose_picks_the_sentence_further_down_that_answers() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="rag/answer/evidence.py candidates/_score: 'the Basque town of Guernica' holds a "
-    "place too (a capital after 'of the') and the same share of the question's terms, and "
-    "holds 'Guernica' itself (Weights.names), so it beats the museum sentence, whose "
-    "'Guernica' is its subject's (context)",
+    reason="rag/answer/question.py candidates, evidence.py scoring: 'the Basque town of "
+    "Guernica' holds a place too (a capital after 'of the') and the same share of the "
+    "question's terms, and holds 'Guernica' itself (Weights.names), so it beats the museum "
+    "sentence, whose 'Guernica' is its subject's (context)",
 )
 def test_choose_picks_the_museum_sentence_though_it_does_not_say_museum() -> None:
     _, sentence = _choose("In which museum is Guernica?", [GUERNICA])

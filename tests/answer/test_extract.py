@@ -10,7 +10,7 @@ from typing import Any
 
 from rag.answer.evidence import choose
 from rag.answer.extract import extract
-from tests.ask.conftest import FakeEngine, ingest, parse_sse
+from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
 DOCS = [

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rag.config import QuotaSettings
-from tests.ask.conftest import FakeEngine, LiveApi, ingest
+from tests.answer.conftest import FakeEngine, LiveApi, ingest
 
 FACT = "The ferry to the island leaves from pier four at nine every morning."
 

@@ -2,7 +2,7 @@
 the citation mapping, deletes, tenants, overload, deadline and bad input (SQLite and
 PostgreSQL). The fake makes the mapping deterministic: the 135M model cites poorly. Most of
 these are about the answer written over several passages (evidence "all"); the default over
-one passage (the quote, then a checked sentence) is tested in tests/ask/test_evidence.py."""
+one passage (the quote, then a checked sentence) is tested in tests/answer/test_evidence.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from rag.answer import NOT_FOUND, NOTHING_INDEXED
 from rag.answer.prompt import SYSTEM
 from rag.db import chunks, documents
-from tests.ask.conftest import FakeEngine, ingest, parse_sse
+from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
 
 FACTS = [

@@ -15,7 +15,7 @@ from rag.answer.prompt import ONE, SYSTEM
 from rag.auth import create_key
 from rag.config import AskSettings, PurgeSettings
 from rag.engine import EngineSettings
-from tests.ask.conftest import Borrowed, LiveApi, ingest, parse_sse
+from tests.answer.conftest import Borrowed, LiveApi, ingest, parse_sse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
