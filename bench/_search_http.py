@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from bench._data import (
     synthesize,
     time_each,
 )
+from rag.deadline import Deadline
 from rag.index import Knobs
 
 log = logging.getLogger("bench.search")
@@ -398,10 +399,15 @@ class Precomputed:
 
     def __init__(self, real: Any, vectors: dict[str, F32]) -> None:
         self.model_id, self.dim, self.max_tokens = real.model_id, real.dim, real.max_tokens
+        self.semantic: bool = real.semantic
+        self._real = real
         self._vectors = vectors
 
-    def embed(self, texts: list[str], deadline: object = None) -> F32:
+    def embed(self, texts: Sequence[str], deadline: Deadline | None = None) -> F32:
         return np.vstack([self._vectors[t] for t in texts])
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        return self._real.token_spans(text)  # type: ignore[no-any-return]
 
 
 def chroma_query(

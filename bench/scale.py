@@ -26,7 +26,6 @@ FIGURE api_rss_growth_mb_25k_to_100k, FIGURE queue_claims_per_s_2_workers.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import shutil
@@ -128,67 +127,26 @@ class Row:
 
 
 def append_chunks(services: Any, cid: str, vectors: Any, texts: list[str]) -> Any:
-    """One more document of `len(vectors)` chunks with their "add" change-log rows, the way
-    ingest writes them (for the catch-up rate)."""
-    from sqlalchemy import insert, select
+    """One more document of `len(vectors)` chunks, written as a finished ingest job writes it
+    (its change-log rows included), for the catch-up rate; its chunks' SQL ids."""
+    from rag.db import seed
+    from rag.db.ingested import ChunkRow
 
-    from rag.db.models import Blob, ChangeLog, Chunk, Collection, Document, now
-
-    data = f"catch-up {uuid.uuid4().hex}".encode()
-    sha = hashlib.sha256(data).hexdigest()
-    with services.db.write() as session:
-        row = session.get(Collection, cid, with_for_update=True)
-        tenant_id = row.tenant_id
-        session.execute(
-            insert(Blob).values(tenant_id=tenant_id, sha256=sha, size=len(data), data=data)
-        )
-        doc = Document(
-            tenant_id=tenant_id,
-            collection_id=cid,
-            filename="catch-up.txt",
-            media_type="text/plain",
-            sha256=sha,
-            size=len(data),
-            status="indexed",
-            meta={},
-            text="",
-            chunk_count=len(vectors),
-            indexed_at=now(),
-        )
-        session.add(doc)
-        session.flush()
-        session.execute(
-            insert(Chunk),
-            [
-                {
-                    "uid": f"{doc.id}:{o}",
-                    "document_id": doc.id,
-                    "collection_id": cid,
-                    "tenant_id": tenant_id,
-                    "ordinal": o,
-                    "text": texts[o],
-                    "start_char": 0,
-                    "end_char": 0,
-                    "token_count": 1,
-                    "embedding": vectors[o].astype("<f4").tobytes(),
-                    "embedding_model": services.embedder.model_id,
-                }
-                for o in range(len(vectors))
-            ],
-        )
-        rows = session.execute(
-            select(Chunk.ordinal, Chunk.id, Chunk.uid).where(Chunk.document_id == doc.id)
-        ).all()
-        ids = [(ordinal, chunk_id) for ordinal, chunk_id, _ in rows]
-        BY_UID.update({uid: chunk_id for _, chunk_id, uid in rows})
-        session.execute(
-            insert(ChangeLog),
-            [
-                {"collection_id": cid, "op": "add", "chunk_id": c, "document_id": doc.id}
-                for _, c in ids
-            ],
-        )
-    return np.array([c for _, c in sorted(ids)], dtype=np.int64)
+    body = "\n\n".join(texts)
+    chunks, pos = [], 0
+    for o, text in enumerate(texts):
+        chunks.append(ChunkRow(o, text, pos, pos + len(text), len(text.split())))
+        pos += len(text) + 2
+    doc = seed.SeedDocument(
+        filename="catch-up.txt",
+        data=f"catch-up {uuid.uuid4().hex}\n".encode() + body.encode(),
+        text=body,
+        chunks=chunks,
+        vectors=np.asarray(vectors, dtype=np.float32),
+    )
+    [written] = seed.documents(services.db, cid, [doc], services.embedder.model_id)
+    BY_UID.update(zip(written.chunk_uids, written.chunk_ids, strict=True))
+    return np.array(written.chunk_ids, dtype=np.int64)
 
 
 # The API's opaque chunk ids (the chunk's uid) -> the SQL ids the ground truth uses, for the
@@ -250,6 +208,7 @@ def one_size(
         )
         t = time.perf_counter()
         key, cid, corpus = load_collection(services, real, n)
+        BY_UID.update(corpus.by_uid)
         print(f"  {n} chunks written to SQLite in {time.perf_counter() - t:.1f} s", flush=True)
         texts = real.query_texts[:n_queries]
         qvec = embedder.embed(texts)
