@@ -135,7 +135,7 @@ def serve(args: argparse.Namespace) -> int:
     engine = FakeGenerator() if args.fake_generator else None
     services = build_services(settings, engine=engine, announce_admin_key=False)  # type: ignore[arg-type]
     uvicorn.run(
-        create_app(settings, services), host="127.0.0.1", port=args.port,
+        create_app(settings, services, freeze_heap=True), host="127.0.0.1", port=args.port,
         log_level="warning", access_log=False,
     )  # fmt: skip
     return 0

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rag import heap
 from rag.auth import KeyCache, ensure_admin_key, save_admin_key
 from rag.config import Settings
 from rag.db import Database
@@ -50,6 +51,8 @@ class Services:
     _engine: GenerationBackend | None = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _engine_loader: threading.Thread | None = None
+    # Set by a serving process's app (rag.heap): the loaded generator's objects are frozen too.
+    freeze_heap: bool = False
     # Built here (and so closed here), not passed in by a caller that shares it.
     _own_embedder: bool = False
 
@@ -85,6 +88,8 @@ class Services:
         def load() -> None:
             try:
                 _ = self.engine
+                if self.freeze_heap:  # the model's objects join the start-up ones
+                    heap.freeze(collect=False)
             except Exception:
                 log.exception("the generator could not be loaded; the first ask will retry")
             finally:

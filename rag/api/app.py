@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from rag import __version__
+from rag import __version__, heap
 from rag.api import errors, openapi
 from rag.api.limits import BodyLimit, path_pattern
 from rag.api.middleware import install as install_metrics
@@ -32,12 +32,21 @@ from rag.services import Services, build_services
 MULTIPART_OVERHEAD = 64 * 1024
 
 
-def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, services: Services | None = None, *, freeze_heap: bool = False
+) -> FastAPI:
+    """The API over `services` (built at start-up when None). `freeze_heap`: once started,
+    and again once the generator is loaded, the objects alive are kept out of later full
+    garbage collections (rag.heap; a serving process's entry point sets it)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = services or build_services(settings)
         app.state.services = svc
         svc.start()
+        if freeze_heap:
+            svc.freeze_heap = True
+            heap.freeze()
         if settings.engine.load_at_start:
             svc.load_engine()
         try:

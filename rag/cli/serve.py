@@ -47,10 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.setup(settings.log_level, settings.log_json)
     host, port = args.host or settings.api.host, args.port or settings.api.port
     record_serve(settings, f"http://{host}:{port}")
-    uvicorn.run(
-        create_app(settings), host=host, port=port, log_level=settings.log_level.lower(),
-        access_log=False,
-    )  # fmt: skip
+    app = create_app(settings, freeze_heap=True)
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
     return 0
 
 
