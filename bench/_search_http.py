@@ -57,7 +57,6 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
     passages first, then perturbed copies carrying their source passage's text)."""
     from rag.auth import create_key
     from rag.db import collections, seed
-    from rag.db.ingested import ChunkRow
 
     embedder = services.embedder
     key, tenant_id = create_key(services.db, "bench")
@@ -82,15 +81,7 @@ def load_collection(services: Any, real: RealSet, n: int) -> tuple[str, str, Cor
     per_doc = 500
     for d, start in enumerate(range(0, n, per_doc)):
         stop = min(start + per_doc, n)
-        spans, pos = [], 0
-        for text in texts[start:stop]:
-            spans.append((pos, pos + len(text)))
-            pos += len(text) + 2
-        body = "\n\n".join(texts[start:stop])
-        chunks = [
-            ChunkRow(o, texts[start + o], a, b, len(texts[start + o].split()))
-            for o, (a, b) in enumerate(spans)
-        ]
+        body, chunks = seed.joined(texts[start:stop])
         doc = seed.SeedDocument(
             filename=f"bench-{d:05d}.txt",
             data=f"bench document {d}\n".encode() + body.encode(),

@@ -130,13 +130,8 @@ def append_chunks(services: Any, cid: str, vectors: Any, texts: list[str]) -> An
     """One more document of `len(vectors)` chunks, written as a finished ingest job writes it
     (its change-log rows included), for the catch-up rate; its chunks' SQL ids."""
     from rag.db import seed
-    from rag.db.ingested import ChunkRow
 
-    body = "\n\n".join(texts)
-    chunks, pos = [], 0
-    for o, text in enumerate(texts):
-        chunks.append(ChunkRow(o, text, pos, pos + len(text), len(text.split())))
-        pos += len(text) + 2
+    body, chunks = seed.joined(texts)
     doc = seed.SeedDocument(
         filename="catch-up.txt",
         data=f"catch-up {uuid.uuid4().hex}\n".encode() + body.encode(),

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 log = logging.getLogger(__name__)
 
 
-def _env(path: str) -> str:
+def env_name(path: str) -> str:
+    """The environment variable pydantic-settings reads the setting at `path` from."""
     return "RAG_" + path.replace(".", "__").upper()
 
 
@@ -25,8 +26,8 @@ def upgrade(section: str, data: Any, moved: frozenset[str], removed: Mapping[str
     data = dict(data)
     for key in data.keys() & removed.keys():
         del data[key]
-        log.warning("setting %s (%s) is ignored: %s", f"{section}.{key}", _env(f"{section}.{key}"),
-                    removed[key])  # fmt: skip
+        name = f"{section}.{key}"
+        log.warning("setting %s (%s) is ignored: %s", name, env_name(name), removed[key])
     old = sorted(data.keys() & moved)
     if old:
         group = data.get("advanced") or {}
@@ -38,6 +39,21 @@ def upgrade(section: str, data: Any, moved: frozenset[str], removed: Mapping[str
             group.setdefault(key, value)  # the new name wins where both are set
             new = f"{section}.advanced.{key}"
             log.warning("setting %s (%s) is now %s (%s)", f"{section}.{key}",
-                        _env(f"{section}.{key}"), new, _env(new))  # fmt: skip
+                        env_name(f"{section}.{key}"), new, env_name(new))  # fmt: skip
         data["advanced"] = group
     return data
+
+
+class Upgrading(BaseModel):
+    """A settings section with an `advanced` group: the names of that group's fields, and
+    those in `removed`, are still accepted at the section's top level (`upgrade`)."""
+
+    path: ClassVar[str]  # where the section sits in Settings, e.g. "quality.drift"
+    removed: ClassVar[Mapping[str, str]] = {}  # name -> why it went
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        group = cls.model_fields["advanced"].annotation
+        assert isinstance(group, type) and issubclass(group, BaseModel)
+        return upgrade(cls.path, data, frozenset(group.model_fields), cls.removed)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rag.config.docs import env_name, markdown, moved, settings
+from rag.config.docs import markdown, moved, settings
+from rag.deprecated import env_name
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,7 @@ from pydantic.fields import FieldInfo
 
 from rag.config import Settings
 from rag.config.serving import REMOVED_API, REMOVED_ASK
+from rag.deprecated import env_name
 
 # Settings removed in this release (accepted, and ignored, with a warning for one release).
 REMOVED = {f"ask.{name}": why for name, why in REMOVED_ASK.items()} | {
@@ -142,11 +143,6 @@ class Setting:
     @property
     def advanced(self) -> bool:
         return ".advanced." in self.path
-
-
-def env_name(path: str) -> str:
-    """The environment variable pydantic-settings reads `path` from."""
-    return "RAG_" + path.replace(".", "__").upper()
 
 
 def settings(model: type[BaseModel] = Settings, prefix: str = "") -> list[Setting]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
 from rag.config._base import Section
-from rag.deprecated import upgrade
+from rag.deprecated import Upgrading
 
 # Settings removed in this release: still accepted (and ignored) with a warning, for one
 # release, so a deployment that sets one keeps starting (CHANGELOG.md).
@@ -50,11 +50,9 @@ class AskAdvanced(Section):
     support_threshold: float = Field(0.5, ge=0, le=1)
 
 
-class AskSettings(Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("ask", data, frozenset(AskAdvanced.model_fields), REMOVED_ASK)
+class AskSettings(Section, Upgrading):
+    path = "ask"
+    removed = REMOVED_ASK
 
     # A passage must score at least this (cosine of the dense side) to be worth answering from;
     # below it the answer says the documents do not contain it, without running the generator.
@@ -149,11 +147,9 @@ class ApiAdvanced(Section):
     long_poll_every_s: float = Field(1.0, gt=0)
 
 
-class ApiSettings(Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("api", data, frozenset(ApiAdvanced.model_fields), REMOVED_API)
+class ApiSettings(Section, Upgrading):
+    path = "api"
+    removed = REMOVED_API
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -182,16 +178,13 @@ class DriftAdvanced(Section):
     consecutive: int = Field(2, ge=1, le=20)
 
 
-class DriftSettings(Section):
+class DriftSettings(Section, Upgrading):
     """Question drift: a recent window of question embeddings against a reference window
     (the first `reference_size` questions of a collection, or a window an operator pins),
     by a kernel two-sample test (MMD, RBF kernel) with a permutation threshold
     (rag.quality.drift). Chosen by bench/drift.py; see docs/quality.md."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("quality.drift", data, frozenset(DriftAdvanced.model_fields), {})
+    path = "quality.drift"
 
     reference_size: int = Field(200, ge=20, le=2000)
     window: int = Field(200, ge=20, le=2000)
@@ -221,14 +214,11 @@ class QualityAdvanced(Section):
     topics_max_questions: int = Field(2000, ge=10, le=20_000)
 
 
-class QualitySettings(Section):
+class QualitySettings(Section, Upgrading):
     """Answer records, feedback, quality signals, drift and unanswered topics
     (rag.quality; README "Quality you can watch")."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("quality", data, frozenset(QualityAdvanced.model_fields), {})
+    path = "quality"
 
     # Off: no answer is recorded, answers carry no id, feedback is refused (404).
     enabled: bool = True

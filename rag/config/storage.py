@@ -3,12 +3,12 @@ indexes, Milvus, the purge, quotas, conversations and search."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 
 from rag.config._base import Section
-from rag.deprecated import upgrade
+from rag.deprecated import Upgrading
 
 
 class DatabaseSettings(Section):
@@ -40,11 +40,8 @@ class EmbedAdvanced(Section):
     hash_dim: int = Field(384, ge=8, le=4096)
 
 
-class EmbedSettings(Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("embed", data, frozenset(EmbedAdvanced.model_fields), {})
+class EmbedSettings(Section, Upgrading):
+    path = "embed"
 
     # "sentence-transformers" loads the bundled all-MiniLM-L6-v2 (or `model_path`);
     # "hash" is a deterministic, model-free embedder for tests and smoke runs.
@@ -80,11 +77,8 @@ class IngestAdvanced(Section):
     poll_interval_s: float = Field(0.5, gt=0)
 
 
-class IngestSettings(Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("ingest", data, frozenset(IngestAdvanced.model_fields), {})
+class IngestSettings(Section, Upgrading):
+    path = "ingest"
 
     max_upload_mb: float = Field(50.0, gt=0)
     max_files_per_request: int = Field(100, ge=1)

@@ -51,6 +51,16 @@ def one_chunk(text: str) -> ChunkRow:
     return ChunkRow(0, text, 0, len(text), len(text.split()))
 
 
+def joined(passages: Sequence[str], sep: str = "\n\n") -> tuple[str, list[ChunkRow]]:
+    """A document's text made of `passages` joined by `sep`, and its chunks: one a passage,
+    at the passage's span."""
+    rows, start = [], 0
+    for i, passage in enumerate(passages):
+        rows.append(ChunkRow(i, passage, start, start + len(passage), len(passage.split())))
+        start += len(passage) + len(sep)
+    return sep.join(passages), rows
+
+
 def documents(
     db: Database, collection_id: str, docs: Sequence[SeedDocument], embedding_model: str
 ) -> list[Seeded]:

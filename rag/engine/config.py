@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from rag.deprecated import upgrade
+from rag.deprecated import Upgrading
 
 
 class EngineAdvanced(BaseModel):
@@ -100,15 +100,12 @@ class EngineAdvanced(BaseModel):
     )
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(Upgrading):
     """How the generator runs: a local paged-KV engine or a remote OpenAI-compatible server."""
 
     model_config = ConfigDict(extra="forbid")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        return upgrade("engine", data, frozenset(EngineAdvanced.model_fields), {})
+    path = "engine"
 
     backend: Literal["local", "remote"] = "local"
     load_at_start: bool = Field(

@@ -17,7 +17,6 @@ from sqlalchemy import update
 from rag.db import Database, collections, documents, keys, seed
 from rag.db.conversations import Owner
 from rag.db.documents import Accepted
-from rag.db.ingested import ChunkRow
 from rag.db.models import Document
 
 MODEL = "test-4"
@@ -99,11 +98,7 @@ class Make:
         """One indexed document whose chunks are `passages`, in order (`data`: its bytes,
         by default made from its number and text)."""
         n = self._next()
-        text = " ".join(passages)
-        rows, start = [], 0
-        for i, passage in enumerate(passages):
-            rows.append(ChunkRow(i, passage, start, start + len(passage), len(passage.split())))
-            start += len(passage) + 1
+        text, rows = seed.joined(passages, " ")
         doc = seed.SeedDocument(
             filename=filename or f"d{n}.txt",
             data=f"{n}:{text}".encode() if data is None else data,
