@@ -4,6 +4,7 @@ test_embed_formats.py)."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from rag.embed import QueryLane, SentenceTransformerEmbedder
+from rag.embed.sentence import PIECE_CHARS, PIECES_PER_CALL, text_pieces
 
 
 def test_queries_and_batches_give_the_same_vectors(minilm: SentenceTransformerEmbedder) -> None:
@@ -253,3 +255,49 @@ def test_a_closed_lane_refuses_at_once_and_a_wait_keeps_the_deadline() -> None:
     lane.close()
     with pytest.raises(Unavailable, match="closed"):
         lane.embed(["after"])
+
+
+def test_token_spans_in_pieces_are_the_whole_texts_tokens(
+    minilm: SentenceTransformerEmbedder,
+) -> None:
+    rng = random.Random(7)
+    words = ["the", "Ålesund", "river's", "1,204", "naïve", "東京", "[x]", "e.g.", "well-known"]
+    seps = [" ", "\n", "  ", "\t", "\n\n"]
+    text = "".join(rng.choice(words) + rng.choice(seps) for _ in range(30_000))
+    assert len(text) > 4 * PIECE_CHARS
+    tokenizer = minilm._tokenizer
+    whole = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    assert minilm.token_spans(text) == [tuple(s) for s in whole["offset_mapping"]]
+
+
+def test_token_spans_never_tokenize_more_than_a_piece_at_once(
+    minilm: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A megabyte of one-character tokens: one call would turn a million offsets into Python
+    # objects while holding the GIL, stopping the event loop of the API it runs in.
+    read: list[int] = []
+    tokenizer = minilm._tokenizer
+
+    class Counting:
+        def __call__(self, texts: list[str], **kwargs: object) -> object:
+            read.append(sum(len(t) for t in texts))
+            return tokenizer(texts, **kwargs)
+
+    monkeypatch.setattr(minilm, "_tokenizer", Counting())
+    text = "[" * (1 << 20)
+    spans = minilm.token_spans(text)
+    assert len(spans) == len(text) and spans[-1] == (len(text) - 1, len(text))
+    assert max(read) <= PIECES_PER_CALL * PIECE_CHARS and len(read) > 10
+
+
+def test_text_pieces_cut_after_whitespace_and_cover_the_text() -> None:
+    text = ("word " * 10 + "x" * 50) * 20
+    for size in (7, 16, 64):
+        pieces = text_pieces(text, size)
+        assert pieces[0][0] == 0 and pieces[-1][1] == len(text)
+        assert all(a < b <= a + size for a, b in pieces)
+        assert all(pieces[k][1] == pieces[k + 1][0] for k in range(len(pieces) - 1))
+    # where the second half of a piece has whitespace, the piece ends just after it
+    assert all(text[b - 1] == " " or "x" * 8 in text[b - 8 : b]
+               for _, b in text_pieces(text, 16)[:-1])  # fmt: skip
+    assert text_pieces("", 16) == [(0, 0)]

@@ -9,6 +9,7 @@ import pytest
 
 from ingest.chunk import ChunkSpan, TokenSpans, chunk_text
 from rag.embed import HashEmbedder, SentenceTransformerEmbedder
+from rag.embed.sentence import PIECE_CHARS
 
 HASH = HashEmbedder()
 WORDS = [
@@ -239,7 +240,8 @@ def test_real_tokenizer_one_token_word_is_cut_by_characters(
     minilm: SentenceTransformerEmbedder,
 ) -> None:
     text = "Before. " + "y" * 300_000 + " after."
-    assert len(minilm.token_spans(text)) < 10
+    # one [UNK] per piece the tokenizer reads at a time: tokens far longer than max_chars
+    assert len(minilm.token_spans(text)) <= 5 + len(text) // PIECE_CHARS
     chunks = chunk_text(text, minilm.token_spans, minilm.max_tokens, 32, max_chars=2_560)
     assert max(len(c.text) for c in chunks) <= 2_560
     assert chunks[0].text.startswith("Before.") and chunks[-1].text.endswith("after.")
