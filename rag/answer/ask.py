@@ -264,8 +264,8 @@ def _choice(question: str, passages: list[Passage], embed: Embed | None) -> Choi
     similar = None
     if embed is not None:
 
-        def similar(texts: list[str]) -> list[float]:
-            vectors = embed([question, *texts])  # normalized: a dot product is the cosine
+        def similar(query: str, texts: list[str]) -> list[float]:
+            vectors = embed([query, *texts])  # normalized: a dot product is the cosine
             return [float(v) for v in vectors[1:] @ vectors[0]]
 
     return choose(

@@ -12,7 +12,11 @@ generation, by one score over every sentence and table row of the passages retri
 - whether it holds what the question asks for (`Ask`) that the question does not already
   hold: a number for "how many", a year or date for "when", a name after "by" for "who", a
   name after "in" for "where";
-- the passage's dense score (retrieval's own judgement, as a prior).
+- the passage's dense score (retrieval's own judgement, as a prior);
+- for the best few, the embedding model's cosine between the question and the unit, and
+  again with the subject taken out of both (the question's names, the document's title):
+  a document's opening sentence is close to any question about its subject, the sentence
+  about what is asked is closer once the subject is gone.
 
 Where the unit states several facts of the kind asked for (a table row; "Starter accounts can
 name 2 support contacts, Business accounts 6 and Enterprise accounts 20"), the answer is the
@@ -32,8 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rag.answer.cite import terms
-from rag.answer.question import Ask, ask_of, candidates, counted, question_names
+from rag.answer.cite import stem, terms
+from rag.answer.question import WORD, Ask, ask_of, candidates, counted, question_names
 from rag.answer.units import Unit, units
 
 
@@ -62,6 +66,8 @@ class Weights:
     # other parts are embedded.
     similar: float = 2.0
     predicate: float = 0.3  # the share of the question's own words (past names, context)
+    # The cosine again with the question's names and the document's title taken out of both.
+    gist: float = 2.0
     shortlist: int = 7  # with the question, one batch of the query encoder
 
 
@@ -122,12 +128,12 @@ def choose(
     *,
     dense: Sequence[float] | None = None,
     titles: Sequence[str] | None = None,
-    similar: Callable[[list[str]], Sequence[float]] | None = None,
+    similar: Callable[[str, list[str]], Sequence[float]] | None = None,
 ) -> Choice | None:
     """The best sentence or table row of `passages` for `question` (None when they have
     none). `dense`: the passages' dense scores (cosines), strongest first as retrieved;
-    `titles`: what names each passage's document (its file name); `similar`: texts -> their
-    cosines with the question (the embedding model), for the shortlist."""
+    `titles`: what names each passage's document (its file name); `similar`: (query, texts)
+    -> the texts' cosines with the query (the embedding model), for the shortlist."""
     wanted = terms(question)
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
@@ -153,9 +159,19 @@ def choose(
         shortlist = sorted(every, key=lambda s: (not s.names, -s.score))[: weights.shortlist]
         texts = [_described(passages[s.passage].text, s.unit, _title(titles, s.passage))
                  for s in shortlist]  # fmt: skip
-        for s, cosine in zip(shortlist, similar(texts), strict=True):
+        for s, cosine in zip(shortlist, similar(question, texts), strict=True):
             s.similarity = float(cosine)
             s.score += weights.similar * s.similarity
+        if weights.gist:
+            # The same with the subject taken out of both: what the question asks about it
+            # against what the unit says about it ("Whose novel is the film based on?" and
+            # "It is based on Mario Puzo's novel", not "The Godfather is a 1972 film").
+            subject = [names | named[s.passage] for s in shortlist]
+            asked = _without(question, names)
+            said = [_without(_body(passages[s.passage].text, s.unit), subject[k])
+                    for k, s in enumerate(shortlist)]  # fmt: skip
+            for s, cosine in zip(shortlist, similar(asked, said), strict=True):
+                s.score += weights.gist * float(cosine)
         best = max(shortlist, key=lambda s: (s.names, s.score))
     others = sorted((s for s in every if s.passage == best.passage and s is not best),
                     key=lambda s: -s.score)  # fmt: skip
@@ -172,10 +188,21 @@ def choose(
 def _described(text: str, u: Unit, title: str) -> str:
     """A unit as the embedding model sees it: its title and heading, then its text."""
     head = ". ".join(part for part in (title, u.heading) if part)
-    body = text[u.span[0] : u.span[1]]
-    if u.header:
-        body = "; ".join(f"{h}: {text[a:b]}" for h, (a, b) in zip(u.header, u.cells, strict=False))
+    body = _body(text, u)
     return f"{head}. {body}" if head else body
+
+
+def _body(text: str, u: Unit) -> str:
+    """A unit's text; a table row's cells each after its column's name."""
+    if u.header:
+        return "; ".join(f"{h}: {text[a:b]}" for h, (a, b) in zip(u.header, u.cells, strict=False))
+    return text[u.span[0] : u.span[1]]
+
+
+def _without(text: str, dropped: set[str]) -> str:
+    """`text` without the words whose term is in `dropped` (all of it if that leaves none)."""
+    kept = [m.group(0) for m in WORD.finditer(text) if stem(m.group(0).lower()) not in dropped]
+    return " ".join(kept) if kept else text
 
 
 def _title(titles: Sequence[str] | None, i: int) -> str:

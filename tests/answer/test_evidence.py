@@ -14,7 +14,7 @@ import pytest
 
 from rag.answer import NOT_FOUND, segment
 from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
-from rag.answer.evidence import Ask, Choice, ask_of, choose
+from rag.answer.evidence import Ask, Choice, Weights, ask_of, choose
 from rag.answer.prompt import ONE
 from rag.answer.segment import sentence_spans
 from rag.answer.units import units
@@ -224,7 +224,7 @@ def test_choose_refuses_without_the_questions_name_or_what_it_asks_for() -> None
     assert "310 pages" in sentence and choice.answerable(0.0)
     # With a semantic embedder, a cosine below the floor refuses too.
     low = choose("How many pages does The Hobbit have?", [P(paged)],
-                 similar=lambda texts: [0.1] * len(texts))  # fmt: skip
+                 similar=lambda query, texts: [0.1] * len(texts))  # fmt: skip
     assert low is not None and low.similarity == 0.1 and not low.answerable(0.0, 0.45)
     # Nothing to choose from.
     assert choose("Who wrote it?", [P("   ")]) is None
@@ -253,6 +253,35 @@ def test_a_clock_time_answers_when() -> None:
     assert choice.kind_found and choice.answerable(0.3)
 
 
+def _cosines(model: Any) -> Any:
+    def similar(query: str, units: list[str]) -> list[float]:
+        vectors = model.embed([query, *units])
+        return [float(v) for v in vectors[1:] @ vectors[0]]
+
+    return similar
+
+
+PSYCHO = (
+    "Psycho is a 1960 American horror film produced and directed by Alfred Hitchcock. The "
+    "screenplay, written by Joseph Stefano, was based on the 1959 novel of the same name by "
+    "Robert Bloch. The film stars Anthony Perkins, Vera Miles, John Gavin and Janet Leigh."
+)
+
+
+@pytest.mark.slow
+def test_the_subject_taken_out_the_sentence_about_what_is_asked_wins(minilm: Any) -> None:
+    """The opening sentence names the film and its director: its cosine with the question is
+    high for the subject alone. With the subject taken out of both, the sentence about what
+    the question asks (the book the film was adapted from) wins."""
+    question = "Which author's book was Hitchcock's Psycho adapted from?"
+    passages, titles = [P(PSYCHO)], ["Psycho (1960 film).txt"]
+    with_gist = choose(question, passages, titles=titles, similar=_cosines(minilm))
+    plain = choose(question, passages, Weights(gist=0.0), titles=titles, similar=_cosines(minilm))
+    assert with_gist is not None and plain is not None
+    assert PSYCHO[slice(*with_gist.span)].startswith("The screenplay")
+    assert PSYCHO[slice(*plain.span)].startswith("Psycho is")
+
+
 @pytest.mark.slow
 def test_the_embedding_model_refuses_a_year_for_how_many(minilm: Any) -> None:
     """A year is a number, but "how many pages" counts pages: a sentence that holds a year
@@ -262,12 +291,8 @@ def test_the_embedding_model_refuses_a_year_for_how_many(minilm: Any) -> None:
     settings = AskSettings()
 
     def choice(question: str, texts: list[str], titles: list[str]) -> Choice:
-        def similar(units: list[str]) -> list[float]:
-            vectors = minilm.embed([question, *units])
-            return [float(v) for v in vectors[1:] @ vectors[0]]
-
         got = choose(question, [P(t, i) for i, t in enumerate(texts)], titles=titles,
-                     similar=similar)  # fmt: skip
+                     similar=_cosines(minilm))  # fmt: skip
         assert got is not None and got.similarity is not None
         return got
 
@@ -296,11 +321,7 @@ def test_the_embedding_model_sees_the_subject_a_sentence_inherits(minilm: Any) -
     settings = AskSettings()
     question = "When was The Hobbit published?"
 
-    def similar(units: list[str]) -> list[float]:
-        vectors = minilm.embed([question, *units])
-        return [float(v) for v in vectors[1:] @ vectors[0]]
-
-    got = choose(question, [P(HOBBIT)], titles=["doc0.txt"], similar=similar)
+    got = choose(question, [P(HOBBIT)], titles=["doc0.txt"], similar=_cosines(minilm))
     assert got is not None and HOBBIT[got.span[0] : got.span[1]].startswith("It was published")
     assert got.answerable(settings.advanced.min_support, settings.min_similarity)
 
