@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rag.answer.cite import stem, terms
+from rag.answer.cite import STOP, stem, terms
 from rag.answer.question import WORD, Ask, ask_of, candidates, counted, question_names
 from rag.answer.units import Unit, units
 
@@ -86,7 +86,9 @@ class Choice:
     # The share of the question's own words (not its names, not what the unit's context
     # says) the unit holds: what the question asks about that the subject does not explain.
     predicate: float = 1.0
-    similarity: float | None = None  # the unit's cosine with the question, when computed
+    # The unit's cosine with the question, when computed: the whole, or with the subject taken
+    # out of both (Weights.gist), whichever is higher.
+    similarity: float | None = None
     # The part of the unit that answers ([start, end) in the passage's text) and how to say
     # it, when the unit holds several facts of the kind asked for; else None.
     focus: tuple[int, int] | None = None
@@ -172,6 +174,9 @@ def choose(
                     for k, s in enumerate(shortlist)]  # fmt: skip
             for s, cosine in zip(shortlist, similar(asked, said), strict=True):
                 s.score += weights.gist * float(cosine)
+                # The floor takes the closer of the two: a question worded far from the
+                # document ("chip in for my broadband") may still ask what the unit says.
+                s.similarity = max(s.similarity or 0.0, float(cosine))
         best = max(shortlist, key=lambda s: (s.names, s.score))
     others = sorted((s for s in every if s.passage == best.passage and s is not best),
                     key=lambda s: -s.score)  # fmt: skip
@@ -246,8 +251,13 @@ def _score(
         found = bool(hits) or ask is Ask.OTHER  # no kind asked: any relevant unit may answer
         if unit_of is not None and unit_of not in own:
             found = False  # "how many pages": a number, but none of pages
-        if ask is not Ask.OTHER and len(hits) > 1:
-            clause = _clause(body, hits, wanted, names)
+        counting = [h for h in hits if unit_of is not None and _counts(body, h, unit_of)]
+        # "how many days": the one number that counts days picks its clause ("lasted 15
+        # days", not "on 7 November 1956")
+        picked = 0 < len(counting) < len(hits)
+        hits = counting if picked else hits
+        if ask is not Ask.OTHER and hits:
+            clause = _clause(body, hits, wanted, names, picked=picked)
             if clause is not None:
                 focus = (u.span[0] + clause[0], u.span[0] + clause[1])
                 focus_text = body[clause[0] : clause[1]]
@@ -278,24 +288,59 @@ def _cell(text: str, u: Unit, wanted: set[str]) -> tuple[int, int] | None:
 
 
 _CLAUSE_END = re.compile(r"[;\t]\s*|,\s+|\s+(?:and|or|while|whereas|but)\s+")
+# "Central and Mountain West regions": a conjunction between two capitalised words joins
+# names, not clauses (rag.answer.evidence._joins_names).
+
+
+def _joins_names(body: str, start: int, end: int) -> bool:
+    """Whether the conjunction at [start, end) stands between two capitalised words."""
+    before = body[max(0, start - 40) : start].split()
+    return bool(before) and before[-1][:1].isupper() and body[end : end + 1].isupper()
+
+
+def _counts(body: str, hit: tuple[int, int], unit: str) -> bool:
+    """Whether the number at `hit` may count `unit` (stemmed): the unit follows within two
+    words, or nothing does ("Business accounts 6 and Enterprise accounts 20"), where another
+    word would say it counts something else ("on 7 November")."""
+    after = WORD.findall(body[hit[1] : hit[1] + 40])[:2]
+    return not after or after[0].lower() in STOP or any(stem(w.lower()) == unit for w in after)
 
 
 def _clause(
-    body: str, hits: list[tuple[int, int]], wanted: set[str], names: set[str]
+    body: str,
+    hits: list[tuple[int, int]],
+    wanted: set[str],
+    names: set[str],
+    *,
+    picked: bool = False,
 ) -> tuple[int, int] | None:
     """The clause of `body` that holds an answer candidate and most of the question's names,
-    then terms ([start, end) in `body`), when exactly one does best."""
+    then terms ([start, end) in `body`), when exactly one does best; `picked`: the one
+    candidate is already known to be the answer (it counts what is asked)."""
     bounds = [0]
     for m in _CLAUSE_END.finditer(body):
+        if m.group(0).strip() in ("and", "or") and _joins_names(body, m.start(), m.end()):
+            continue
         bounds += [m.start(), m.end()]
     bounds.append(len(body))
     clauses = [(bounds[k], bounds[k + 1]) for k in range(0, len(bounds) - 1, 2)]
     scored = []
+    rest = 0  # the most of the question's names a clause without a candidate holds
     for s, e in clauses:
-        if e <= s or not any(s <= a < e for a, _ in hits):
+        if e <= s:
             continue
         own = terms(body[s:e])
+        if not any(s <= a < e for a, _ in hits):
+            rest = max(rest, len(own & names))
+            continue
         scored.append((len(own & names), len(own & wanted), s, e))
+    if len(scored) == 1 and len(hits) == 1:
+        # One clause holds the only candidate: it is the answer when it holds more of the
+        # question's names than any other clause ("Business accounts include 10 free viewer
+        # seats, Enterprise accounts include unlimited free viewer seats, ...").
+        named, _, s, e = scored[0]
+        parallel = len(clauses) > 1 and (picked or named > rest)
+        return (s, e) if parallel else None
     if len(scored) < 2:
         return None
     scored.sort(reverse=True)

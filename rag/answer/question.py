@@ -60,6 +60,12 @@ PERSON_NOUNS = frozenset(
     people king queen emperor president leader scientist architect poet player producer
     discoverer contact manager ghostwriter""".split()
 )
+# What "what is the ... <noun>" asks for as a number or an amount.
+QUANTITY_NOUNS = frozenset(
+    """budget budgets price prices cost costs fee fees limit limits allowance amount number
+    size value rate salary deposit discount minimum maximum capacity length population
+    percentage share total sum quota threshold""".split()
+)
 DURATION_UNITS = frozenset(
     """second seconds minute minutes hour hours day days week weeks month months year years
     business working""".split()
@@ -87,6 +93,7 @@ def ask_of(question: str) -> Ask:
     """The kind of answer `question` wants, from its first question word ("How old was he
     when ..." asks for a number, not a time)."""
     text = " ".join(w.lower() for w in WORD.findall(question))
+    text = re.sub(r"\b(what|which|who|where|when|how)'s\b", r"\1 is", text)
     found = [(m.start(), n, m) for n, (rx, _) in enumerate(_ASKS) if (m := rx.search(text))]
     if not found:
         return Ask.OTHER
@@ -95,6 +102,12 @@ def ask_of(question: str) -> Ask:
     if ask is not Ask.OTHER:
         return ask
     noun = m.group(0).split()[1]
+    if noun in ("is", "are", "was", "were"):
+        # "What is the one-off home office budget in the UK?": the phrase's last noun
+        # before a preposition says what kind of answer it is.
+        head = _head(text[m.end() :])
+        if head in QUANTITY_NOUNS:
+            return Ask.NUMBER
     if noun in PLACE_NOUNS:
         return Ask.PLACE
     if noun in PERSON_NOUNS:
@@ -102,6 +115,18 @@ def ask_of(question: str) -> Ask:
     if noun in STOP or noun in ("kind", "type", "sort", "is", "are", "was", "were", "does"):
         return Ask.OTHER
     return Ask.NAME
+
+
+def _head(rest: str) -> str:
+    """The last word of the noun phrase `rest` starts with ("the one-off home office budget
+    in the united kingdom": budget)."""
+    words = rest.split()[:8]
+    head = ""
+    for w in words:
+        if w in _PLACE_BEFORE or w in _PERSON_BEFORE or w in ("per", "does", "do", "is", "can"):
+            break
+        head = w
+    return head
 
 
 _COUNTED = re.compile(r"\bhow many ([a-z]+)")

@@ -84,7 +84,7 @@ class AskSettings(Section, Upgrading):
     # Refuse without the generator unless a sentence (or table row) of the passages holds
     # what the question asks for (a number, a date, a name) and, with its context, the
     # question's names, and has at least this cosine with the question in the embedding
-    # model's space (rag.answer.evidence).
+    # model's space, whole or with the subject taken out of both (rag.answer.evidence).
     min_similarity: float = Field(0.45, ge=-1, le=1)
     # Extractive answers: the sentence that answers, then the best others of its passage, at
     # most this many sentences and about this many words.
