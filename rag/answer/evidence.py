@@ -168,10 +168,9 @@ def choose(
             # The same with the subject taken out of both: what the question asks about it
             # against what the unit says about it ("Whose novel is the film based on?" and
             # "It is based on Mario Puzo's novel", not "The Godfather is a 1972 film").
-            subject = [names | named[s.passage] for s in shortlist]
             asked = _without(question, names)
-            said = [_without(_body(passages[s.passage].text, s.unit), subject[k])
-                    for k, s in enumerate(shortlist)]  # fmt: skip
+            said = [_without(_body(passages[s.passage].text, s.unit), names | named[s.passage])
+                    for s in shortlist]  # fmt: skip
             for s, cosine in zip(shortlist, similar(asked, said), strict=True):
                 s.score += weights.gist * float(cosine)
                 # The floor takes the closer of the two: a question worded far from the
@@ -288,12 +287,11 @@ def _cell(text: str, u: Unit, wanted: set[str]) -> tuple[int, int] | None:
 
 
 _CLAUSE_END = re.compile(r"[;\t]\s*|,\s+|\s+(?:and|or|while|whereas|but)\s+")
-# "Central and Mountain West regions": a conjunction between two capitalised words joins
-# names, not clauses (rag.answer.evidence._joins_names).
 
 
 def _joins_names(body: str, start: int, end: int) -> bool:
-    """Whether the conjunction at [start, end) stands between two capitalised words."""
+    """Whether the conjunction at [start, end) stands between two capitalised words: it
+    joins names ("the Central and Mountain West regions"), not clauses."""
     before = body[max(0, start - 40) : start].split()
     return bool(before) and before[-1][:1].isupper() and body[end : end + 1].isupper()
 

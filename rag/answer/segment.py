@@ -16,6 +16,8 @@ import re
 
 from sentencex import segment
 
+from rag.embed.base import bounded
+
 Span = tuple[int, int]  # [start, end) in the text's characters
 
 # Longer passage texts are split only this far; the rest is one last piece, cut below.
@@ -42,7 +44,7 @@ def sentence_spans(text: str, language: str = "en") -> list[Span]:
         start = found if found >= 0 else at
         end = start + len(piece)
         at = end
-        for s, e in _bounded(text, start, end):
+        for s, e in bounded(text, start, end, MAX_SENTENCE_CHARS):
             while s < e and text[s].isspace():
                 s += 1
             while e > s and text[e - 1].isspace():
@@ -78,16 +80,3 @@ def _continues(block: str, line: str) -> bool:
         return True
     last = before.rsplit("\n", 1)[-1]
     return len(last) >= WRAPPED_LINE_CHARS and before[-1].isalnum() and not _LIST_ITEM.match(after)
-
-
-def _bounded(text: str, start: int, end: int) -> list[Span]:
-    """[start, end) cut into pieces of at most MAX_SENTENCE_CHARS, at whitespace when
-    there is some."""
-    out = []
-    while end - start > MAX_SENTENCE_CHARS:
-        cut = text.rfind(" ", start + MAX_SENTENCE_CHARS // 2, start + MAX_SENTENCE_CHARS)
-        cut = cut if cut > start else start + MAX_SENTENCE_CHARS
-        out.append((start, cut))
-        start = cut
-    out.append((start, end))
-    return out

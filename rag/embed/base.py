@@ -37,6 +37,19 @@ class Embedder(Protocol):
         ...
 
 
+def bounded(text: str, start: int, end: int, size: int) -> list[Span]:
+    """[start, end) of `text` as consecutive pieces of at most `size` characters, each cut
+    at the last space of its second half where there is one, else at `size`."""
+    out: list[Span] = []
+    while end - start > size:
+        cut = text.rfind(" ", start + size // 2, start + size)
+        cut = cut if cut > start else start + size
+        out.append((start, cut))
+        start = cut
+    out.append((start, end))
+    return out
+
+
 def normalize(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     norms[norms == 0] = 1.0

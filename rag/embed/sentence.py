@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rag.deadline import Deadline
-from rag.embed.base import Span
+from rag.embed.base import Span, bounded
 from rag.embed.lane import QueryLane, in_turns
 from rag.embed.onnx import AUTO_FORMAT, OnnxQueryEncoder
 from rag.torch_threads import in_passing_thread
@@ -151,10 +151,10 @@ class SentenceTransformerEmbedder:
             self._lane.close()
 
     def token_spans(self, text: str) -> list[Span]:
-        # In pieces cut at whitespace, a few at a time: the tokenizer turns its output into
+        # In pieces cut at spaces, a few at a time: the tokenizer turns its output into
         # Python lists in one call that holds the GIL, so one call over a megabyte of one-
         # character tokens would stop every other thread (the event loop's included).
-        pieces = text_pieces(text, PIECE_CHARS)
+        pieces = bounded(text, 0, len(text), PIECE_CHARS)
         out: list[Span] = []
         for i in range(0, len(pieces), PIECES_PER_CALL):
             group = pieces[i : i + PIECES_PER_CALL]
@@ -173,20 +173,3 @@ class SentenceTransformerEmbedder:
 # its tokens into Python objects is a short hold of the GIL.
 PIECE_CHARS = 16_384
 PIECES_PER_CALL = 4
-
-
-def text_pieces(text: str, size: int) -> list[Span]:
-    """`text` as consecutive [start, end) pieces of at most `size` characters, each cut
-    after whitespace where there is some in its second half (a word tokenizer splits there
-    anyway, so the tokens are the text's own), else at `size`."""
-    pieces: list[Span] = []
-    start, n = 0, len(text)
-    while n - start > size:
-        end = start + size
-        cut = max(text.rfind(c, start + size // 2, end) for c in " \n\t\r")
-        end = cut + 1 if cut >= 0 else end
-        pieces.append((start, end))
-        start = end
-    if start < n or not pieces:
-        pieces.append((start, n))
-    return pieces

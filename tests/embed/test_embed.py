@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from rag.embed import QueryLane, SentenceTransformerEmbedder
-from rag.embed.sentence import PIECE_CHARS, PIECES_PER_CALL, text_pieces
+from rag.embed.base import bounded
+from rag.embed.sentence import PIECE_CHARS, PIECES_PER_CALL
 
 
 def test_queries_and_batches_give_the_same_vectors(minilm: SentenceTransformerEmbedder) -> None:
@@ -290,14 +291,14 @@ def test_token_spans_never_tokenize_more_than_a_piece_at_once(
     assert max(read) <= PIECES_PER_CALL * PIECE_CHARS and len(read) > 10
 
 
-def test_text_pieces_cut_after_whitespace_and_cover_the_text() -> None:
+def test_bounded_pieces_cut_at_spaces_and_cover_the_text() -> None:
     text = ("word " * 10 + "x" * 50) * 20
     for size in (7, 16, 64):
-        pieces = text_pieces(text, size)
+        pieces = bounded(text, 0, len(text), size)
         assert pieces[0][0] == 0 and pieces[-1][1] == len(text)
         assert all(a < b <= a + size for a, b in pieces)
         assert all(pieces[k][1] == pieces[k + 1][0] for k in range(len(pieces) - 1))
-    # where the second half of a piece has whitespace, the piece ends just after it
-    assert all(text[b - 1] == " " or "x" * 8 in text[b - 8 : b]
-               for _, b in text_pieces(text, 16)[:-1])  # fmt: skip
-    assert text_pieces("", 16) == [(0, 0)]
+    # where the second half of a piece has a space, the piece ends at it
+    assert all(text[b] == " " or "x" * 8 in text[b - 8 : b]
+               for _, b in bounded(text, 0, len(text), 16)[:-1])  # fmt: skip
+    assert bounded("", 0, 0, 16) == [(0, 0)]
