@@ -181,6 +181,10 @@ class KeyCache:
     revoked through another replica stops working here within `ttl_s`. `ttl_s` 0 turns the
     cache off.
 
+    It remembers, without expiry, the tenant of each key that resolved here (`tenant_of`),
+    for counting a tenant's requests in progress before the key is checked again
+    (rag.api.limits.TenantRequests); never for letting a request in.
+
     It also remembers the prefixes of keys that resolved (`line_of`): a lookup that misses
     the cache waits in its key's own line of the lookup pool when its prefix is known, and
     in one line for every unknown key otherwise, so a flood of made-up keys waits behind
@@ -194,6 +198,7 @@ class KeyCache:
         self.ttl_s = ttl_s
         self._entries: dict[str, tuple[float, Principal]] = {}
         self._prefixes: OrderedDict[str, None] = OrderedDict()
+        self._tenants: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (tenant, key id)
 
     def get(self, authorization: str | None) -> Principal | None:
         """The principal of a well-formed header whose key resolved recently, else None (the
@@ -206,6 +211,15 @@ class KeyCache:
             return None
         return hit[1]
 
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant of this header's key if that key has resolved here, however long ago
+        (the key may have been revoked since: the key check still says)."""
+        key = bearer_key(authorization) if self._tenants else None
+        if key is None:
+            return None
+        hit = self._tenants.get(hash_key(key))
+        return None if hit is None else hit[0]
+
     def line_of(self, authorization: str | None) -> str:
         """The lookup pool's line for this header: its key's prefix when a key with that
         prefix has resolved here, else the one line of unknown keys."""
@@ -215,6 +229,10 @@ class KeyCache:
         return "key " + prefix_of(key)
 
     def put(self, digest: str, principal: Principal, prefix: str | None = None) -> None:
+        self._tenants[digest] = (principal.tenant_id, principal.key_id)
+        self._tenants.move_to_end(digest)
+        if len(self._tenants) > self.MAX_ENTRIES:
+            self._tenants.popitem(last=False)
         if prefix is not None:
             self._prefixes[prefix] = None
             self._prefixes.move_to_end(prefix)
@@ -227,6 +245,9 @@ class KeyCache:
         self._entries[digest] = (time.monotonic() + self.ttl_s, principal)
 
     def forget(self, key_id: str) -> None:
+        for digest, (_, known) in list(self._tenants.items()):
+            if known == key_id:
+                del self._tenants[digest]
         for digest, (_, principal) in list(self._entries.items()):
             if principal.key_id == key_id:
                 self._entries.pop(digest, None)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -53,6 +52,7 @@ from rag.engine.protocol import KvReuse
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid
 from rag.knobs import Knobs
+from rag.ops.logs import new_id
 from rag.retrieve import Filter, Passage, SearchResult
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ async def prepare(
     budget = req.budget_ms if req.budget_ms is not None else settings.default_budget_ms
     deadline = Deadline.after_ms(budget)
     timings: dict[str, float] = {}
-    request_id = "ask-" + uuid.uuid4().hex
+    request_id = "ask-" + new_id()
     rewrite = settings.rewrite if req.rewrite is None else req.rewrite
     resolved = histories.resolve(req.question, req.history, rewrite=rewrite)
     req = replace(req, question=resolved.query)
@@ -212,7 +212,7 @@ async def answer_from(
     question with the best candidate sentences, when given."""
     deadline = deadline or Deadline.after_ms(None)
     timings = {} if timings is None else timings
-    request_id = request_id or "ask-" + uuid.uuid4().hex
+    request_id = request_id or "ask-" + new_id()
     base: dict[str, Any] = dict(
         tenant_id=tenant_id, collection_id=collection_id, search=search, deadline=deadline,
         timings_ms=timings, request_id=request_id, mode=mode,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from rag.answer.prepared import Prepared
 from rag.deadline import Deadline
 from rag.engine.sequence import SamplingParams
 from rag.errors import Invalid
+from rag.ops.logs import new_id
 
 if TYPE_CHECKING:
     from rag.services import Services
@@ -45,7 +45,7 @@ async def prepare(
         raise Invalid("messages: at least one user message is needed")
     if params.max_tokens is None:
         params = replace(params, max_tokens=services.settings.ask.default_max_tokens)
-    request_id = "chat-" + uuid.uuid4().hex
+    request_id = "chat-" + new_id()
     stream = start(engine, chat, params, request_id, cache_salt=tenant_id)
     return Generating(
         tenant_id=tenant_id, collection_id="", passages=[], search=None,

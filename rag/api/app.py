@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from rag import __version__, heap
 from rag.api import errors, openapi
-from rag.api.limits import BodyLimit, path_pattern
+from rag.api.limits import BodyLimit, TenantRequests, path_pattern
 from rag.api.middleware import install as install_metrics
 from rag.api.pools import Pools
 from rag.api.routes import (
@@ -25,11 +25,17 @@ from rag.api.routes import (
     quality,
     search,
 )
+from rag.auth import KeyCache
 from rag.config import Settings
 from rag.services import Services, build_services
 
 # multipart boundaries and headers around the files themselves
 MULTIPART_OVERHEAD = 64 * 1024
+
+
+def _key_cache(app: FastAPI) -> KeyCache | None:
+    services = getattr(app.state, "services", None)
+    return None if services is None else services.key_cache
 
 
 def create_app(
@@ -70,6 +76,9 @@ def create_app(
         BodyLimit,
         max_bytes=settings.api.max_json_body_bytes,
         larger=[(upload[0], upload[1], upload[2] + MULTIPART_OVERHEAD)],
+    )
+    app.add_middleware(
+        TenantRequests, limit=settings.api.tenant_requests, key_cache=lambda: _key_cache(app)
     )
     install_metrics(app, settings)  # outermost: times and tags everything inside
     routers = (

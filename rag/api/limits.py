@@ -1,21 +1,28 @@
-"""Refuse oversized request bodies while they stream in, before they are all in memory.
+"""Refuse what is over a limit before it costs anything: bodies over the route's size while
+they stream in, and a tenant's requests past the number it may have in the service at once.
 
 Each route gets the limit it needs: the upload route the upload limit, every other route a
 small JSON limit (`api.max_json_body_kb`), so a 50 MB body sent to /search is refused after
 its first megabyte instead of being read and parsed. FastAPI reads and parses a JSON body
 before it runs the route's dependencies (the key check among them); a request under /v1 that
 carries a body but no `Bearer` key at all is refused here, before a byte of it is read.
+
+`TenantRequests` holds each tenant to `api.tenant_requests` requests in the service at once.
+Each request costs the event loop its parsing, routing and key check before it reaches a
+bounded pool, and a burst of hundreds from one tenant (300 long polls at once) held every
+other tenant's requests behind them for as long as that takes. Past the bound, a request is
+answered 429 here, for the price of reading its headers.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag.auth import bearer
+from rag.auth import KeyCache, bearer
 from rag.errors import TooLarge, Unauthorized
 
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
@@ -75,6 +82,56 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class TenantRequests:
+    """Pure ASGI middleware: at most `limit` requests under /v1 of one tenant at once; the
+    next is answered 429 (with Retry-After) before it is read, routed or authenticated.
+
+    The tenant is known without the database from the key cache (`key_cache()`: a key that
+    has resolved here before); a request whose key never has is not counted, and meets the
+    key-lookup pool's own bounds instead (rag.api.pools)."""
+
+    def __init__(self, app: ASGIApp, limit: int, key_cache: Callable[[], KeyCache | None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.key_cache = key_cache
+        self.running: dict[str, int] = {}
+
+    def tenant(self, scope: Scope) -> str | None:
+        cache = self.key_cache()
+        if cache is None:
+            return None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return cache.tenant_of(value.decode("latin-1"))
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = None
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            tenant = self.tenant(scope)
+        if tenant is None:
+            await self.app(scope, receive, send)
+            return
+        running = self.running.get(tenant, 0)
+        if running >= self.limit:
+            message = (
+                f"this key's tenant already has {self.limit} requests in progress; "
+                "try again when one has finished"
+            )
+            close = scope["method"] not in _NO_BODY  # its body was not read
+            await _reply(send, 429, "overloaded", message, {b"retry-after": b"1"}, close=close)
+            return
+        self.running[tenant] = running + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            running = self.running[tenant] - 1
+            if running:
+                self.running[tenant] = running
+            else:
+                del self.running[tenant]
+
+
 def path_pattern(template: str) -> re.Pattern[str]:
     """A route template ("/v1/collections/{collection_id}/documents") as a path regex."""
     parts = re.split(r"\{[^}/]+\}", template)
@@ -90,7 +147,13 @@ def _too_large(limit: int) -> str:
 
 
 async def _reply(
-    send: Send, status: int, code: str, message: str, headers: dict[bytes, bytes] | None = None
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[bytes, bytes] | None = None,
+    *,
+    close: bool = True,
 ) -> None:
     payload = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send(
@@ -100,7 +163,7 @@ async def _reply(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(payload)).encode()),
-                (b"connection", b"close"),
+                *([(b"connection", b"close")] if close else []),
                 *(headers or {}).items(),
             ],
         }

@@ -13,12 +13,11 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag.ops.logs import request_id
+from rag.ops.logs import new_id, request_id
 from rag.ops.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def _request_id(scope: Scope) -> str:
             if _SANE.match(value):
                 return value.decode()
             break
-    return uuid.uuid4().hex
+    return new_id()
 
 
 def install(app: FastAPI, settings: Settings) -> Metrics | None:

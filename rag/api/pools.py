@@ -17,8 +17,9 @@ own tenant's line holds `tenant_queue`.
 A request that waits in its line longer than `wait_s` is refused the same way: a tenant
 whose own backlog outlasts a client's patience gets an answer, not a connection that hangs.
 
-Long-poll waiters are counted too: each holds a connection and polls the database, so there
-are at most `max_long_polls` at once.
+Long-poll waiters are counted too: each holds a connection, so there are at most
+`max_long_polls` at once; the waiters of one job share one look at the database
+(rag.api.jobwatch).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ import functools
 import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
+from rag.api.jobwatch import JobWatch
 from rag.config import ApiSettings
 from rag.errors import Overloaded
 
@@ -171,6 +173,9 @@ class Pools:
         )  # fmt: skip
         self.max_long_polls = settings.max_long_polls
         self.long_polls = 0
+        self.jobs: JobWatch[Any] = JobWatch(
+            settings.advanced.long_poll_first_s, settings.advanced.long_poll_every_s
+        )
 
     @contextlib.contextmanager
     def long_poll(self) -> Iterator[None]:

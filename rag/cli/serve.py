@@ -48,7 +48,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = args.host or settings.api.host, args.port or settings.api.port
     record_serve(settings, f"http://{host}:{port}")
     app = create_app(settings, freeze_heap=True)
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False,
+        timeout_keep_alive=settings.api.advanced.keep_alive_s,
+    )  # fmt: skip
     return 0
 
 

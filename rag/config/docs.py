@@ -105,6 +105,7 @@ _LINES = {
     "api.host": "Address `rag serve` listens on.",
     "api.port": "Port `rag serve` listens on.",
     "api.long_poll_max_s": "The longest a long poll (`?wait=`) is held.",
+    "api.tenant_requests": "Requests of one tenant in progress at once; beyond it 429.",
     "api.advanced.search_threads": "Threads for searches.",
     "api.advanced.db_threads": (
         "Threads for other database work (listings, collections, documents, jobs)."
@@ -116,6 +117,7 @@ _LINES = {
     ),
     "api.advanced.long_poll_first_s": "A long poll looks at its job first after this long.",
     "api.advanced.long_poll_every_s": "Then less often (x1.5 a time), at least this often.",
+    "api.advanced.keep_alive_s": "How long an idle keep-alive connection stays open.",
     "quality.drift.reference_size": (
         "Questions in the reference window (the first of a collection, or pinned)."
     ),

@@ -145,6 +145,10 @@ class ApiAdvanced(Section):
     # and less often (x1.5 a time) up to `long_poll_every_s`.
     long_poll_first_s: float = Field(0.1, gt=0)
     long_poll_every_s: float = Field(1.0, gt=0)
+    # How long an idle keep-alive connection stays open. Longer than clients keep theirs
+    # (httpx 5 s): when the server closes first, a request sent at that moment finds the
+    # connection gone and fails without an answer.
+    keep_alive_s: int = Field(75, ge=1, le=3600)
 
 
 class ApiSettings(Section, Upgrading):
@@ -159,6 +163,9 @@ class ApiSettings(Section, Upgrading):
     max_json_body_kb: int = Field(1024, ge=16, le=65_536)
     # Long polls (GET /v1/jobs/{id}?wait=...) held at once; beyond it 429.
     max_long_polls: int = Field(256, ge=1, le=100_000)
+    # Requests of one tenant in progress at once (long polls and streams included); beyond
+    # it 429 at once, before the request is read.
+    tenant_requests: int = Field(64, ge=1, le=100_000)
     advanced: ApiAdvanced = ApiAdvanced()
 
     @property

@@ -79,6 +79,10 @@ def test_unknown_request_content_type_is_415(sqlite_api: Api) -> None:
         b'{"documents": []}',
         b'{"text": "ok", "metadata": {"k": [1, 2]}}',
         b'"just a string"',
+        # Not JSON, though Python's json module reads them: orjson refuses them (rag.api.body).
+        b'{"text": "ok", "metadata": {"k": NaN}}',
+        b'{"text": "ok", "metadata": {"k": Infinity}}',
+        b'{"text": "an unpaired \\ud800 surrogate"}',
     ],
 )
 def test_malformed_json_empty_and_unknown_fields_are_422(sqlite_api: Api, body: bytes) -> None:

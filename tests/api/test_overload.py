@@ -100,7 +100,7 @@ def test_long_polls_are_bounded(
 
 
 class _Clock:
-    """Stands in for the jobs route's `time` and `asyncio`: sleeping advances the clock."""
+    """Stands in for the job watch's `time` and `_sleep`: sleeping advances the clock."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -113,6 +113,17 @@ class _Clock:
         self.pauses.append(seconds)
         self.now += seconds
         await asyncio.sleep(0)
+
+
+def _clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    from rag.api import jobwatch
+    from rag.api.routes import jobs as route
+
+    clock = _Clock()
+    monkeypatch.setattr(jobwatch, "_sleep", clock.sleep)
+    monkeypatch.setattr(jobwatch, "time", clock)
+    monkeypatch.setattr(route, "time", clock)
+    return clock
 
 
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -135,14 +146,10 @@ def test_a_long_poll_looks_less_and_less_often(
     hash_embedder: Embedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rag.api.routes import jobs as route
-
     api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
     cid = api.collection(api.a)
     job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
-    clock = _Clock()
-    monkeypatch.setattr(route, "time", clock)
-    monkeypatch.setattr(route, "asyncio", clock)
+    clock = _clock(monkeypatch)
     loads = _count_loads(monkeypatch)
     r = api.client.get(f"/v1/jobs/{job}", params={"wait": 60}, headers=api.a)
     assert r.status_code == 200 and r.json()["state"] == "queued"
@@ -152,6 +159,40 @@ def test_a_long_poll_looks_less_and_less_often(
     assert steady == sorted(steady) and max(steady) == every
     # 60 s at most once a second (it was ten times a second: 600 loads).
     assert len(loads) <= 60 / every + 10
+    assert api.client.app.state.pools.jobs.watching == 0  # type: ignore[attr-defined]
+
+
+def test_waiters_on_one_job_share_one_look(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
+    loads = _count_loads(monkeypatch)
+    with ThreadPoolExecutor(8) as pool:
+        polls = [
+            pool.submit(api.client.get, f"/v1/jobs/{job}", params={"wait": 3}, headers=api.a)
+            for _ in range(8)
+        ]
+        assert [p.result(30).json()["state"] for p in polls] == ["queued"] * 8
+    # Each read the job once on arrival; the watch looked about once a tick for all of them
+    # over 3 s (0.1, 0.15, 0.225, ... 1 s apart: about 8 looks), where each waiter used to
+    # look for itself (about 64).
+    assert 8 <= len(loads) <= 8 + 12, len(loads)
+
+
+def test_a_waiter_sees_its_job_done_at_the_next_look(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
+) -> None:
+    api = make_api(sqlite_url, hash_embedder)
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "ingested at once by the worker in this process")
+    r = api.client.get(f"/v1/jobs/{job['job_id']}", params={"wait": 30}, headers=api.a)
+    assert r.status_code == 200 and r.json()["done"], r.text
+    # Another tenant waits on nothing of its own: the same id is not its job.
+    r = api.client.get(f"/v1/jobs/{job['job_id']}", params={"wait": 30}, headers=api.b)
+    assert r.status_code == 404, r.text
 
 
 def test_a_long_poll_stops_when_its_client_has_gone(
@@ -160,14 +201,10 @@ def test_a_long_poll_stops_when_its_client_has_gone(
     hash_embedder: Embedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rag.api.routes import jobs as route
-
     api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
     cid = api.collection(api.a)
     job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
-    clock = _Clock()
-    monkeypatch.setattr(route, "time", clock)
-    monkeypatch.setattr(route, "asyncio", clock)
+    clock = _clock(monkeypatch)
     loads = _count_loads(monkeypatch)
     app = api.client.app
     sent: list[dict[str, Any]] = []
@@ -197,7 +234,7 @@ def test_a_long_poll_stops_when_its_client_has_gone(
     portal = api.client.portal  # type: ignore[attr-defined]
     portal.call(app, scope, receive, send)
     assert len(loads) == 1  # the first look, then it saw the client gone
-    assert len(clock.pauses) == 1
+    assert len(clock.pauses) <= 1  # the watch woke at most once, to find nobody waiting
 
 
 def test_tenants_take_turns_for_busy_threads() -> None:
@@ -416,3 +453,26 @@ def test_a_request_that_waits_too_long_in_its_line_is_refused() -> None:
         return results
 
     assert asyncio.run(scenario()) == ["ok", "ok"]
+
+
+def test_a_long_poll_over_http_ends_when_its_client_gives_up(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
+) -> None:
+    """Over a real connection: a client that gives up on its long poll frees its place at
+    once (the watch hears the connection close), not when the wait would have ended."""
+    import httpx
+
+    from tests.conftest import LiveServer
+
+    api = make_api(sqlite_url, hash_embedder, in_process_worker=False)
+    cid = api.collection(api.a)
+    job = api.upload_text(api.a, cid, "never ingested here")["job_id"]
+    pools = api.client.app.state.pools  # type: ignore[attr-defined]
+    with LiveServer(api.client.app) as server:
+        url = f"{server.url}/v1/jobs/{job}"
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.get(url, params={"wait": 60}, headers=api.a, timeout=0.5)
+        deadline = time.monotonic() + 5
+        while (pools.long_polls or pools.jobs.watching) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pools.long_polls == 0 and pools.jobs.watching == 0

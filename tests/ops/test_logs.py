@@ -120,3 +120,23 @@ def test_a_database_error_in_the_log_carries_no_parameters(
     lines = _lines(caplog)
     assert lines and "IntegrityError" in lines[-1]
     assert "quokkazanzibar" not in lines[-1]
+
+
+def test_request_ids_are_unique_and_made_without_a_system_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ids are made on the event loop, one or more a request: uuid4 read the system's random
+    source, a system call that lets go of the GIL, and the loop then waited for its turn to
+    take it back once a request."""
+    import os
+    import re
+
+    from rag.ops.logs import new_id
+
+    def no(_: int) -> bytes:
+        raise AssertionError("a system call per id")
+
+    monkeypatch.setattr(os, "urandom", no)
+    ids = [new_id() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)

@@ -22,13 +22,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.answer.history import Turn
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.errors import body as error_body
 from rag.api.mapping import retrieval
@@ -50,7 +51,7 @@ from rag.quota import released_after
 from rag.services import Services
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["ask"])
+router = Router(tags=["ask"])
 
 # How often a streaming answer checks that its client is still there.
 DISCONNECT_POLL_S = 0.1

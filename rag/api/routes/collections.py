@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Path, Query, Response
+from fastapi import BackgroundTasks, Path, Query, Response
 
 from rag import quota as quotas
 from rag.answer import warm
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, available_kinds, errors
 from rag.api.schemas import CollectionCreate, CollectionList, CollectionOut
@@ -15,7 +16,7 @@ from rag.errors import Invalid
 from rag.index import check_params
 from rag.services import Services
 
-router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=AUTHENTICATED)
+router = Router(prefix="/v1/collections", tags=["collections"], responses=AUTHENTICATED)
 
 CollectionId = Annotated[str, Path(max_length=64)]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse
 
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas_search import TuningOut
@@ -24,7 +24,7 @@ from rag.errors import NotFound
 from rag.ops.tune import TuneReport
 from rag.services import Services
 
-router = APIRouter()
+router = Router()
 
 STATIC = Path(__file__).resolve().parent.parent / "console"
 

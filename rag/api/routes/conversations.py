@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import Path, Query, Response
 
 from rag import quota as quotas
 from rag.answer.generate import Prepared
 from rag.answer.history import Turn
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas_conversations import (
@@ -29,7 +30,7 @@ from rag.db import conversations
 from rag.errors import QuotaExceeded
 from rag.services import Services
 
-router = APIRouter(
+router = Router(
     prefix="/v1/collections/{collection_id}/conversations",
     tags=["conversations"],
     responses=AUTHENTICATED,

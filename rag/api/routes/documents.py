@@ -4,9 +4,10 @@ import asyncio
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import Path, Query, Request, Response
 from starlette.datastructures import UploadFile
 
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, document, errors
 from rag.api.schemas import (
@@ -26,7 +27,7 @@ from rag.services import Services
 from rag.upload.accept import Incoming, accept
 from rag.upload.detect import safe_filename
 
-router = APIRouter(tags=["documents"], responses=AUTHENTICATED)
+router = Router(tags=["documents"], responses=AUTHENTICATED)
 
 UPLOAD_PATH = "/v1/collections/{collection_id}/documents"
 CollectionId = Annotated[str, Path(max_length=64)]

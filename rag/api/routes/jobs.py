@@ -1,17 +1,17 @@
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import Path, Query, Request
 
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas import JobOut
 from rag.db import jobs
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTHENTICATED)
+router = Router(prefix="/v1/jobs", tags=["jobs"], responses=AUTHENTICATED)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=errors(404))
@@ -35,8 +35,8 @@ async def get_job(
 ) -> JobOut:
     """A job's state. With `wait`, answers as soon as the job is done or the wait is over,
     so a client learns without polling when its upload is searchable. Long polls are
-    bounded (`api.max_long_polls`, then 429), look at the job less and less often, and stop
-    when the client goes away."""
+    bounded (`api.max_long_polls`, then 429), share one look at the job that comes less and
+    less often (rag.api.jobwatch), and stop when the client goes away."""
 
     def load() -> JobOut:
         with services.db.read() as session:
@@ -45,17 +45,9 @@ async def get_job(
     job = await pools.db.run(load)
     if job.done or wait <= 0:
         return job
-    api = services.settings.api
-    deadline = time.monotonic() + min(wait, api.long_poll_max_s)
+    deadline = time.monotonic() + min(wait, services.settings.api.long_poll_max_s)
     with pools.long_poll():
-        pause = api.advanced.long_poll_first_s
-        while not job.done:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            await asyncio.sleep(min(pause, left))
-            if await request.is_disconnected():
-                break  # nobody to answer: stop asking the database for them
-            pause = min(pause * 1.5, api.advanced.long_poll_every_s)
-            job = await pools.db.run(load)
-    return job
+        key = (principal.tenant_id, job_id)
+        return await pools.jobs.wait(
+            key, job, lambda: pools.db.run(load), deadline, request.receive
+        )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import Path, Response
 
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, errors
 from rag.api.schemas import KeyCreate, KeyCreated, KeyInfo
@@ -13,7 +14,7 @@ from rag.auth import create_key_with_id, require_admin, revoke_key
 from rag.db import keys
 from rag.errors import Conflict, NotFound
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=AUTHENTICATED)
+router = Router(prefix="/v1/keys", tags=["keys"], responses=AUTHENTICATED)
 
 
 @router.post("", status_code=201, response_model=KeyCreated, responses=errors(403, 413))

@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTasks
 
 from rag.answer import AskRequest, Final, Prepared, cancel, chat, collect, tokens
 from rag.answer.ask import prepare as prepare_answer
 from rag.answer.history import Turn
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.pools import Pools
@@ -52,11 +51,12 @@ from rag.db.models import Collection
 from rag.engine.sequence import SamplingParams
 from rag.errors import GenerationFailed, Invalid, NotFound
 from rag.knobs import Knobs
+from rag.ops.logs import new_id
 from rag.ops.metrics import observe_stages
 from rag.quota import Slot, released_after
 from rag.services import Services
 
-router = APIRouter(tags=["openai"], responses=AUTHENTICATED)
+router = Router(tags=["openai"], responses=AUTHENTICATED)
 
 _REASONS = {"stop": "stop", "length": "length", "deadline": "length"}
 
@@ -176,7 +176,7 @@ async def _complete(
     else:
         raise NotFound(f"model {body.model!r} is neither a collection of yours nor the generator")
 
-    cid = "chatcmpl-" + uuid.uuid4().hex
+    cid = "chatcmpl-" + new_id()
     created = int(time.time())
     if not body.stream:
         final = await collect(services, prep)

@@ -16,10 +16,11 @@ import time
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from rag import __version__
+from rag.api.body import Router
 from rag.api.deps import PoolsDep, ServicesDep
 from rag.api.openapi import errors
 from rag.api.schemas import Health
@@ -28,7 +29,7 @@ from rag.errors import NotFound
 from rag.ops.metrics import CONTENT_TYPE
 from rag.services import Services
 
-router = APIRouter(tags=["ops"])
+router = Router(tags=["ops"])
 log = logging.getLogger(__name__)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import Path, Query
 
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.openapi import AUTHENTICATED, WITH_BODY, errors
 from rag.api.schemas import iso
@@ -37,7 +38,7 @@ from rag.quality import Quality
 from rag.quality.topics import topics
 from rag.services import Services
 
-router = APIRouter(tags=["quality"], responses=AUTHENTICATED)
+router = Router(tags=["quality"], responses=AUTHENTICATED)
 
 DAY_S = 86400.0
 # Ids are letters, digits, "_" and "-": anything else (a NUL that PostgreSQL refuses in a

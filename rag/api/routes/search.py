@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import Path, Response
 
 from rag.answer import history as histories
+from rag.api.body import Router
 from rag.api.deps import CurrentPrincipal, PoolsDep, ServicesDep
 from rag.api.mapping import retrieval
 from rag.api.openapi import WITH_BODY, errors
@@ -12,7 +13,7 @@ from rag.api.schemas_search import IndexInfo, SearchIn, SearchOut, passages_out
 from rag.ops.metrics import observe_stages
 from rag.services import Services
 
-router = APIRouter(tags=["search"], responses=WITH_BODY)
+router = Router(tags=["search"], responses=WITH_BODY)
 
 
 @router.post(
