@@ -351,6 +351,19 @@ def test_health_probes_name_routes_the_app_serves(settings_from: SettingsFrom) -
     assert paths <= routes, paths - routes
 
 
+def test_every_serving_service_has_a_healthcheck_the_image_can_run() -> None:
+    """A service that runs `rag serve` has a healthcheck (compose restarts an unhealthy one
+    and `depends_on: service_healthy` waits for it), whose program is one the image holds
+    (the slim base has Python, not curl)."""
+    serving = {name: s for name, s in rag_services().items() if "serve" in argv(s["command"])}
+    assert serving, "no service runs rag serve"
+    for name, svc in serving.items():
+        assert "healthcheck" in svc, name
+        test = argv(svc["healthcheck"]["test"])
+        program = test[1] if test[0] in ("CMD", "CMD-SHELL") else test[0]
+        assert program.split()[0] == "python", (name, test)
+
+
 # --- Dockerfile --------------------------------------------------------------------------
 
 

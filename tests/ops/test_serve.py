@@ -7,11 +7,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
+import yaml
 
 from rag.api.loopback import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GET = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
@@ -26,9 +31,10 @@ def _answer(sock: socket.socket) -> bytes:
     return data
 
 
-def test_an_idle_connection_outlives_the_clients_own_keep_alive(tmp_path: Path) -> None:
-    """A client keeps an idle connection for a while (httpx: 5 s) and then sends on it; a
-    server that closed it first loses that request. The server's keep-alive is the longer."""
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A `rag serve` process (no models, no worker); yields its port."""
+    tmp_path = tmp_path_factory.mktemp("serve")
     port = free_port()
     env = {
         **os.environ,
@@ -55,13 +61,33 @@ def test_an_idle_connection_outlives_the_clients_own_keep_alive(tmp_path: Path) 
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
             assert time.monotonic() < deadline, "rag serve did not start"
             time.sleep(0.2)
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(GET)
-            assert _answer(sock).startswith(b"HTTP/1.1 200")
-            time.sleep(6)  # past uvicorn's own default of 5 s, and httpx's
-            sock.sendall(GET)
-            assert _answer(sock).startswith(b"HTTP/1.1 200")
+        yield port
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(served: int) -> None:
+    """A client keeps an idle connection for a while (httpx: 5 s) and then sends on it; a
+    server that closed it first loses that request. The server's keep-alive is the longer."""
+    with socket.create_connection(("127.0.0.1", served), timeout=10) as sock:
+        sock.sendall(GET)
+        assert _answer(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6)  # past uvicorn's own default of 5 s, and httpx's
+        sock.sendall(GET)
+        assert _answer(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_the_compose_healthcheck_passes_on_a_serving_process_only(served: int) -> None:
+    """docker-compose.yml's healthcheck of the api, run as Docker runs it (its port made the
+    test server's): it succeeds against `rag serve` and fails where nothing listens."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    test = compose["services"]["api"]["healthcheck"]["test"]
+    assert test[0] == "CMD", test
+    probe = [a.replace(":8000/", f":{served}/") for a in test[1:]]
+    assert probe != test[1:], "the healthcheck does not probe port 8000"
+    probe[0] = sys.executable  # the image's python
+    assert subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    dead = [a.replace(f":{served}/", f":{free_port()}/") for a in probe]
+    assert subprocess.run(dead, capture_output=True, timeout=30).returncode != 0
