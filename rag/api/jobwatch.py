@@ -42,7 +42,7 @@ class _Watch(Generic[J]):
         self.until = 0.0  # the latest deadline of its waiters
         self.error: BaseException | None = None
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # held: the loop keeps only weak ones
 
 
 class JobWatch(Generic[J]):

@@ -22,6 +22,8 @@ request_id: ContextVar[str] = ContextVar("request_id", default="-")
 # turn to take it back from whichever thread is busy, once a request, and a burst of
 # requests held every tenant's behind those turns. An id only has to be unique, not secret.
 _ids = random.Random(os.urandom(32))
+# A forked child would otherwise make the same ids as its parent.
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
 def new_id() -> str:

@@ -106,6 +106,8 @@ def test_a_revoked_key_stops_working_at_once(api: Api) -> None:
     assert c.delete(f"/v1/keys/{key_id}", headers=ADMIN).status_code == 204
     r = c.get("/v1/collections", headers=key)
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    # Nor is its tenant remembered for counting its requests (rag.api.limits).
+    assert api.services.key_cache.tenant_of(key["Authorization"]) is None
     # Listed as revoked; revoking it again, or an unknown id, is a 404.
     listed = {k["id"]: k for k in c.get("/v1/keys", headers=ADMIN).json()}
     assert listed[key_id]["revoked_at"] is not None

@@ -185,6 +185,44 @@ def test_waiters_on_one_job_share_one_look(
     assert 8 <= len(loads) <= 8 + 12, len(loads)
 
 
+def test_a_failed_look_is_every_waiters_answer_and_ends_the_watch() -> None:
+    """When the watch's look at the job fails (the database is down), each waiter of that
+    job gets the error, and the next long poll starts a watch of its own."""
+    from dataclasses import dataclass
+
+    from rag.api.jobwatch import JobWatch
+
+    @dataclass
+    class Job:
+        done: bool = False
+
+    async def never_gone() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {}
+
+    async def main() -> None:
+        watch: JobWatch[Job] = JobWatch(first_s=0.01, every_s=0.01)
+        looks = 0
+
+        async def failing() -> Job:
+            nonlocal looks
+            looks += 1
+            raise ConnectionError("database gone")
+
+        deadline = time.monotonic() + 30
+        waits = [watch.wait(("t", "j"), Job(), failing, deadline, never_gone) for _ in range(3)]
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        assert [type(r) for r in results] == [ConnectionError] * 3
+        assert looks == 1 and watch.watching == 0
+
+        async def done() -> Job:
+            return Job(done=True)
+
+        assert (await watch.wait(("t", "j"), Job(), done, deadline, never_gone)).done
+
+    asyncio.run(main())
+
+
 def test_a_waiter_sees_its_job_done_at_the_next_look(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
 ) -> None:

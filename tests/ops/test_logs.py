@@ -140,3 +140,21 @@ def test_request_ids_are_unique_and_made_without_a_system_call(
     ids = [new_id() for _ in range(20_000)]
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+
+
+def test_a_forked_child_makes_ids_of_its_own() -> None:
+    """The generator is seeded once a process: a child forked from it is seeded again."""
+    import os
+
+    from rag.ops.logs import new_id
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, to the parent
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert len(child) == 32 and child != new_id()
