@@ -94,12 +94,12 @@ def stem(word: str) -> str:
 
 
 def terms(text: str) -> set[str]:
-    """The content terms of `text`, stemmed: words of three letters or more and numbers,
-    without function words."""
+    """The content terms of `text`, stemmed: words of three letters or more, numbers and
+    short codes with a digit ("P1", "4G"), without function words."""
     out = set()
     for m in _TERM.finditer(MARKER.sub(" ", text)):
         w = m.group(0).lower().removesuffix("'s")
-        if w in STOP or (len(w) < 3 and not w.isdigit()):
+        if w in STOP or (len(w) < 3 and not any(c.isdigit() for c in w)):
             continue
         out.add(stem(w))
     return out

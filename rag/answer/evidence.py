@@ -20,7 +20,8 @@ generation, by one score over every sentence and table row of the passages retri
 
 Where the unit states several facts of the kind asked for (a table row; "Starter accounts can
 name 2 support contacts, Business accounts 6 and Enterprise accounts 20"), the answer is the
-part about what the question names: the cell under the column it names, or the clause that
+part about what the question names: the cell under the column it names (when its words name
+none, the column whose header the embedding model finds closest to it), or the clause that
 holds its names. A question is answerable when the unit and its context hold the question's
 names (capitalised words, numbers: what no other passage can stand in for), what it asks for,
 and enough of its terms. The same choice serves the extractive mode, the grounded answer (the
@@ -37,7 +38,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rag.answer.cite import STOP, stem, terms
-from rag.answer.question import WORD, Ask, ask_of, candidates, counted, question_names
+from rag.answer.question import (
+    WORD,
+    Ask,
+    ask_of,
+    asks_clock,
+    candidates,
+    clock,
+    counted,
+    question_names,
+)
 from rag.answer.units import Unit, units
 
 
@@ -140,6 +150,7 @@ def choose(
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
     unit_of = counted(question) if ask is Ask.NUMBER else None
+    at_clock = ask is Ask.TIME and asks_clock(question)
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
@@ -151,7 +162,7 @@ def choose(
         prior = dense[i] if dense is not None and i < len(dense) else 0.0
         for u in units(p.text, starts_document=p.start_char == 0):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of)  # fmt: skip
+                       unit_of, at_clock)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -177,6 +188,8 @@ def choose(
                 # document ("chip in for my broadband") may still ask what the unit says.
                 s.similarity = max(s.similarity or 0.0, float(cosine))
         best = max(shortlist, key=lambda s: (s.names, s.score))
+        if best.unit.cells:
+            _by_meaning(question, passages[best.passage].text, best, ask, similar)
     others = sorted((s for s in every if s.passage == best.passage and s is not best),
                     key=lambda s: -s.score)  # fmt: skip
     return Choice(
@@ -191,7 +204,7 @@ def choose(
 
 def _described(text: str, u: Unit, title: str) -> str:
     """A unit as the embedding model sees it: its title and heading, then its text."""
-    head = ". ".join(part for part in (title, u.heading) if part)
+    head = ". ".join(part for part in (title, u.heading, u.lead.rstrip(":")) if part)
     body = _body(text, u)
     return f"{head}. {body}" if head else body
 
@@ -228,26 +241,36 @@ def _score(
     weights: Weights,
     prior: float,
     unit_of: str | None = None,
+    at_clock: bool = False,
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
-    context = title | terms(u.heading) | terms(u.subject) | terms(" ".join(u.header))
+    context = (
+        title | terms(u.heading) | terms(u.subject) | terms(u.lead) | terms(" ".join(u.header))
+    )
     own_share = sum(weight[t] for t in wanted & own) / total
     share = own_share + weights.context * sum(weight[t] for t in (wanted & context) - own) / total
     names_in_unit = names <= own
     names_found = names <= (own | context)
     focus, focus_text = None, ""
     if u.cells:
-        cell = _cell(text, u, wanted)
-        found = cell is not None and bool(candidates(text[cell[0] : cell[1]], ask, set()))
+        columns = _columns(u, wanted)
+        if len(columns) > 1 and _named(u, columns):
+            # Several columns the question may mean: the first holding what it asks for, until
+            # the cosine decides (choose, for the chosen row).
+            columns = [n for n in columns if _holds(text, u.cells[n], ask)] or columns
+        single = len(columns) == 1 or not u.cells[2:]
+        cell = u.cells[columns[0]] if columns and (single or _named(u, columns)) else None
+        found = ask is Ask.OTHER or (cell is not None and _holds(text, cell, ask))
         if cell is not None:
-            focus = cell
-            label = text[u.cells[0][0] : u.cells[0][1]]
-            column = u.header[u.cells.index(cell)] if cell in u.cells else ""
-            focus_text = f"{label}, {column}: {text[cell[0] : cell[1]]}"
+            focus, focus_text = cell, _cell_text(text, u, cell)
     else:
         hits = candidates(body, ask, wanted)
         found = bool(hits) or ask is Ask.OTHER  # no kind asked: any relevant unit may answer
+        if at_clock:
+            # "At what times ...": a time of day answers, not a weekday or a date.
+            hits = [h for h in hits if clock(body[h[0] : h[1]])]
+            found = bool(hits)
         if unit_of is not None and unit_of not in own:
             found = False  # "how many pages": a number, but none of pages
         counting = [h for h in hits if unit_of is not None and _counts(body, h, unit_of)]
@@ -273,17 +296,48 @@ def _score(
                    None, focus_text)  # fmt: skip
 
 
-def _cell(text: str, u: Unit, wanted: set[str]) -> tuple[int, int] | None:
-    """The cell of row `u` under the column the question names most (the first data column
-    when it names none)."""
-    best, best_hits = None, 0
-    for n, column in enumerate(u.header[1:], start=1):
-        hits = len(terms(column) & wanted)
-        if hits > best_hits:
-            best, best_hits = n, hits
-    if best is None:
-        return u.cells[1] if len(u.cells) == 2 else None
-    return u.cells[best] if best < len(u.cells) else None
+def _columns(u: Unit, wanted: set[str]) -> list[int]:
+    """The data columns of row `u` the question names most (by their header's terms): one, a
+    tie, or every data column when it names none."""
+    hits = [len(terms(column) & wanted) for column in u.header[1 : len(u.cells)]]
+    most = max(hits, default=0)
+    return [n for n, h in enumerate(hits, start=1) if h == most]
+
+
+def _named(u: Unit, columns: list[int]) -> bool:
+    """Whether the header gives every one of `columns` a name to compare the question with."""
+    return all(n < len(u.header) and u.header[n].strip() for n in columns)
+
+
+def _cell_text(text: str, u: Unit, cell: tuple[int, int]) -> str:
+    """A cell as the answer says it: "row, column: cell"."""
+    label = text[u.cells[0][0] : u.cells[0][1]]
+    column = u.header[u.cells.index(cell)] if cell in u.cells else ""
+    return f"{label}, {column}: {text[cell[0] : cell[1]]}"
+
+
+def _by_meaning(
+    question: str,
+    text: str,
+    s: _Scored,
+    ask: Ask,
+    similar: Callable[[str, list[str]], Sequence[float]],
+) -> None:
+    """When the question's words name no one column of the chosen row ("If I pay month by
+    month, ..." against "Annual billing" and "Monthly billing"), the column whose header is
+    closest to the question in the embedding model's space."""
+    u = s.unit
+    columns = _columns(u, terms(question))
+    if len(columns) < 2 or not _named(u, columns):
+        return
+    cosines = similar(question, [u.header[n] for n in columns])
+    cell = u.cells[columns[max(range(len(columns)), key=lambda k: cosines[k])]]
+    s.focus, s.focus_text = cell, _cell_text(text, u, cell)
+    s.kind = ask is Ask.OTHER or _holds(text, cell, ask)
+
+
+def _holds(text: str, cell: tuple[int, int], ask: Ask) -> bool:
+    return bool(candidates(text[cell[0] : cell[1]], ask, set()))
 
 
 _CLAUSE_END = re.compile(r"[;\t]\s*|,\s+|\s+(?:and|or|while|whereas|but)\s+")

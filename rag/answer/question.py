@@ -53,7 +53,7 @@ TIME_WORDS = (
 PLACE_NOUNS = frozenset(
     """city cities country countries town state states museum museums gallery continent
     island islands river rivers region province capital place places location office
-    offices mountain mountains sea ocean lake nation county district street port""".split()
+    offices mountain mountains sea ocean lake nation county district street""".split()
 )
 PERSON_NOUNS = frozenset(
     """author authors writer painter composer artist director founder inventor person
@@ -127,6 +127,26 @@ def _head(rest: str) -> str:
             break
         head = w
     return head
+
+
+_CLOCK_ASKED = re.compile(
+    r"(?<!within )(?<!in )\b(?:what|which) times?\b(?! (?:limit|frame|period|span))"
+    r"|\btimes? of (?:the )?day\b|\bopening hours\b|\bo'clock\b"
+)
+
+
+def asks_clock(question: str) -> bool:
+    """Whether a question asks for a time of day ("At what times ...", "opening hours"), not
+    a date or a duration ("Within what time ...")."""
+    return _CLOCK_ASKED.search(" ".join(w.lower() for w in WORD.findall(question))) is not None
+
+
+def clock(word: str) -> bool:
+    """Whether `word` says a time of day ("09:30", "noon")."""
+    return _CLOCK.fullmatch(word) is not None or word.lower() in _DAYTIME
+
+
+_DAYTIME = frozenset("noon midday midnight am pm morning afternoon evening night".split())
 
 
 _COUNTED = re.compile(r"\bhow many ([a-z]+)")

@@ -11,7 +11,8 @@ column.
 Each unit carries its context: the heading above it (a short line without closing
 punctuation), the document's title (its file name) and, for a passage that starts its
 document, the first sentence (where a summary names its subject: "The Birth of Venus is a
-painting by Botticelli." says what "It is held in the Uffizi" is about).
+painting by Botticelli." says what "It is held in the Uffizi" is about) and, for a list's item,
+the sentence that introduces the list ("... fixed weekly windows, all on Sundays:").
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Unit:
     header: tuple[str, ...] = ()
     first: bool = False  # the first sentence of its passage
     subject: str = ""  # the passage's first sentence, when the passage starts its document
+    # The sentence that introduces the list it is an item of ("Planned maintenance takes place
+    # in fixed weekly windows, all on Sundays:" for "EU region (Frankfurt): 02:00 to 04:00").
+    lead: str = ""
 
 
 @dataclass
@@ -60,21 +64,27 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
     out: list[Unit] = []
     heading = ""
     first_sentence = ""
+    lead = ""
     i = 0
     prose: list[_Line] = []
 
     def flush() -> None:
-        nonlocal first_sentence
+        nonlocal first_sentence, lead
         if not prose:
             return
         s, e = prose[0].start, prose[-1].end
         for a, b in sentence_spans(text[s:e]):
             span = (s + a, s + b)
+            said = text[span[0] : span[1]]
+            lead = lead if _item(said) else ""
             if not first_sentence and not out:
-                first_sentence = text[span[0] : span[1]]
+                first_sentence = said
                 out.append(Unit(span, heading, first=True))
             else:
-                out.append(Unit(span, heading, subject=first_sentence if starts_document else ""))
+                out.append(Unit(span, heading, subject=first_sentence if starts_document else "",
+                                lead=lead))  # fmt: skip
+            if said.rstrip().endswith(":"):
+                lead = said
         prose.clear()
 
     while i < len(lines):
@@ -88,9 +98,10 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
                 out.append(Unit(span, heading, tuple(cells), header,
                                 subject=first_sentence if starts_document else ""))  # fmt: skip
             continue
-        if _is_heading(line.text) and i + 1 < len(lines):
+        # A short line after "...:" is the list's item, not a heading.
+        if _is_heading(line.text) and i + 1 < len(lines) and not (lead and not prose):
             flush()
-            heading = line.text.strip()
+            heading, lead = line.text.strip(), ""
             out.append(Unit((line.start, line.end), heading, first=not out))
             i += 1
             continue
@@ -100,6 +111,18 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
         i += 1
     flush()
     return out
+
+
+_BULLET = re.compile(r"[-*\u2022]\s|\d{1,2}[.)]\s")
+
+
+def _item(sentence: str) -> bool:
+    """Whether a sentence reads as a list's item: it starts with a bullet or a number, or it
+    is one line without closing punctuation."""
+    body = sentence.strip()
+    if not body:
+        return False
+    return bool(_BULLET.match(body)) or ("\n" not in body and body[-1] not in ".!?")
 
 
 def _lines(text: str) -> list[_Line]:

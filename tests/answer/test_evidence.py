@@ -17,6 +17,7 @@ from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.cite import terms
 from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
+from rag.answer.question import asks_clock
 from rag.answer.segment import sentence_spans
 from rag.answer.units import units
 from rag.engine import FinishReason, TokenEvent, Usage
@@ -719,3 +720,58 @@ def test_a_long_line_the_layout_wrapped_goes_on_before_a_number_or_a_capital() -
         "- Tell your manager before ten o'clock on the first day of it",
         "- Record it",
     ]
+
+
+def test_a_short_code_with_a_digit_is_one_of_the_questions_names() -> None:
+    """ "P1" is two characters: it is still what tells the question's sentence from its
+    neighbours, which name the same plan for another priority."""
+    assert "p1" in terms("Enterprise P1 tickets")
+    texts = [
+        "For P1 tickets on the Business plan, we send a status update every 2 hours. "
+        "For P2 tickets on the Enterprise plan, we send a status update every 4 hours. "
+        "For P1 tickets on the Enterprise plan, we send a status update every 30 minutes."
+    ]
+    _, said = _choose("How often do you send status updates for Enterprise P1 tickets?", texts)
+    assert said.startswith("For P1 tickets on the Enterprise plan")
+
+
+MAINTENANCE = (
+    "Maintenance windows\n\nPlanned maintenance takes place in fixed weekly windows, all on "
+    "Sundays:\n\nEU region (Frankfurt): 02:00 to 04:00 CET\n\nUK region (London): 01:00 to "
+    "03:00 GMT\n\nWe announce planned maintenance at least 7 days in advance.\n\nRegions\n\n"
+    "Enterprise customers can order a region migration; a migration requires a maintenance "
+    "window agreed with the customer."
+)
+
+
+def test_a_list_item_carries_the_sentence_that_introduces_it() -> None:
+    """A short line after a sentence ending in a colon is an item of its list, not a heading:
+    the lead-in says what the item is about, and the list ends at the first full sentence."""
+    got = {MAINTENANCE[slice(*u.span)]: u for u in units(MAINTENANCE)}
+    lead = "Planned maintenance takes place in fixed weekly windows, all on Sundays:"
+    assert got["EU region (Frankfurt): 02:00 to 04:00 CET"].lead == lead
+    assert got["UK region (London): 01:00 to 03:00 GMT"].heading == "Maintenance windows"
+    assert got["We announce planned maintenance at least 7 days in advance."].lead == ""
+    _, said = _choose("When is the maintenance window for the EU region?", [MAINTENANCE])
+    assert said == "EU region (Frankfurt): 02:00 to 04:00 CET"
+
+
+def test_a_question_for_a_time_of_day_is_answered_by_one() -> None:
+    assert asks_clock("At what times of day can I call?") and asks_clock("What time is it?")
+    assert not asks_clock("Within what time must an incident be reported?")
+    hours = (
+        "On 25 December and 1 January, support for Starter customers is closed.\n"
+        "Starter: Monday to Friday, 09:00 to 17:00 CET, by portal and email only."
+    )
+    choice, said = _choose("At what times of day can a Starter customer reach support?", [hours])
+    assert said.startswith("Starter: Monday to Friday")
+    assert "09:00 to 17:00" in (choice.focus_text or said)
+
+
+@pytest.mark.slow
+def test_a_column_the_question_does_not_name_is_chosen_by_meaning(minilm: Any) -> None:
+    plans = ("## Plans\n\n| Plan | Annual billing | Monthly billing |\n|---|---|---|\n"
+             "| Starter | €19 | €23 |\n| Business | €49 | €59 |\n")  # fmt: skip
+    choice = choose("What does a Business seat cost if we pay once a year?", [P(plans)],
+                    similar=_cosines(minilm))  # fmt: skip
+    assert choice is not None and choice.focus_text == "Business, Annual billing: €49"
