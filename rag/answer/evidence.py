@@ -189,7 +189,7 @@ def choose(
                 s.similarity = max(s.similarity or 0.0, float(cosine))
         best = max(shortlist, key=lambda s: (s.names, s.score))
         if best.unit.cells:
-            _by_meaning(question, passages[best.passage].text, best, ask, similar)
+            _by_meaning(question, wanted, passages[best.passage].text, best, ask, similar)
     others = sorted((s for s in every if s.passage == best.passage and s is not best),
                     key=lambda s: -s.score)  # fmt: skip
     return Choice(
@@ -310,14 +310,14 @@ def _named(u: Unit, columns: list[int]) -> bool:
 
 
 def _cell_text(text: str, u: Unit, cell: tuple[int, int]) -> str:
-    """A cell as the answer says it: "row, column: cell"."""
+    """A cell of row `u` as the answer says it: "row, column: cell"."""
     label = text[u.cells[0][0] : u.cells[0][1]]
-    column = u.header[u.cells.index(cell)] if cell in u.cells else ""
-    return f"{label}, {column}: {text[cell[0] : cell[1]]}"
+    return f"{label}, {u.header[u.cells.index(cell)]}: {text[cell[0] : cell[1]]}"
 
 
 def _by_meaning(
     question: str,
+    wanted: set[str],
     text: str,
     s: _Scored,
     ask: Ask,
@@ -327,7 +327,7 @@ def _by_meaning(
     month, ..." against "Annual billing" and "Monthly billing"), the column whose header is
     closest to the question in the embedding model's space."""
     u = s.unit
-    columns = _columns(u, terms(question))
+    columns = _columns(u, wanted)
     if len(columns) < 2 or not _named(u, columns):
         return
     cosines = similar(question, [u.header[n] for n in columns])

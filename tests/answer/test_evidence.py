@@ -775,3 +775,13 @@ def test_a_column_the_question_does_not_name_is_chosen_by_meaning(minilm: Any) -
     choice = choose("What does a Business seat cost if we pay once a year?", [P(plans)],
                     similar=_cosines(minilm))  # fmt: skip
     assert choice is not None and choice.focus_text == "Business, Annual billing: €49"
+
+
+@pytest.mark.slow
+def test_a_row_without_a_header_is_quoted_whole(minilm: Any) -> None:
+    """Where the chunk cut a table's header off, no column has a name to compare: the row is
+    the answer, all its cells."""
+    cut = "€46\nAmsterdam\n€190\n€50\nLisbon\n€140\n€35\nParis\n€200\n€52\n"
+    choice = choose("How much can I spend in Lisbon?", [P(cut)], similar=_cosines(minilm))
+    assert choice is not None and choice.focus is None
+    assert cut[slice(*choice.span)] == "Lisbon\n€140\n€35"
