@@ -11,6 +11,10 @@ and a dict of its documents {id: text} (the collection the questions are asked o
 `check(questions, docs)` returns a list of problems (empty: the set is valid); it knows
 nothing of where the documents come from, so another set (bench/qa/company_*) is added by
 writing a loader and an entry in SETS. Standard library only.
+
+wiki2 and company2 are second sets written apart from the first (other summaries, other
+made-up organisations, by other writers), without wrong strings or wiki unanswerables: a
+check that a rule chosen on the first sets generalises.
 """
 
 from __future__ import annotations
@@ -178,8 +182,8 @@ def summary(questions: list[dict]) -> str:
 # ---- sets ------------------------------------------------------------------------------
 
 
-def wiki_docs() -> dict[str, str]:
-    lines = (HERE / "wiki_collection.txt").read_text().splitlines()
+def wiki_docs(listing: str = "wiki_collection.txt") -> dict[str, str]:
+    lines = (HERE / listing).read_text().splitlines()
     ids = [line.strip() for line in lines if line.strip()]
     wanted = set(ids)
     docs = {}
@@ -191,17 +195,22 @@ def wiki_docs() -> dict[str, str]:
     missing = wanted - set(docs)
     if missing:
         raise SystemExit(
-            f"wiki_collection.txt names {len(missing)} ids not in the corpus,"
-            f" e.g. {sorted(missing)[:3]}"
+            f"{listing} names {len(missing)} ids not in the corpus, e.g. {sorted(missing)[:3]}"
         )
     if len(ids) != len(wanted):
-        raise SystemExit("wiki_collection.txt has duplicate ids")
+        raise SystemExit(f"{listing} has duplicate ids")
     return docs
+
+
+def company2_docs() -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted((HERE / "company2").iterdir())}
 
 
 # name -> (questions file, loader of {id: text}); add the company set here.
 SETS: dict[str, tuple[Path, Callable[[], dict[str, str]]]] = {
     "wiki": (HERE / "wiki_factual.jsonl", wiki_docs),
+    "wiki2": (HERE / "wiki2_factual.jsonl", lambda: wiki_docs("wiki2_collection.txt")),
+    "company2": (HERE / "company2_factual.jsonl", company2_docs),
 }
 
 

@@ -93,13 +93,19 @@ def stem(word: str) -> str:
     return w[:6]
 
 
+def stopped(word: str) -> bool:
+    """Whether a lower-cased word says nothing of what a text is about: a function word, or a
+    contraction of one ("i've", "we're", "don't")."""
+    return word in STOP or ("'" in word and word.split("'", 1)[0] in STOP)
+
+
 def terms(text: str) -> set[str]:
     """The content terms of `text`, stemmed: words of three letters or more, numbers and
     short codes with a digit ("P1", "4G"), without function words."""
     out = set()
     for m in _TERM.finditer(MARKER.sub(" ", text)):
         w = m.group(0).lower().removesuffix("'s")
-        if w in STOP or (len(w) < 3 and not any(c.isdigit() for c in w)):
+        if stopped(w) or (len(w) < 3 and not any(c.isdigit() for c in w)):
             continue
         out.add(stem(w))
     return out

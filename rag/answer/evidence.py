@@ -81,6 +81,14 @@ class Weights:
     shortlist: int = 7  # with the question, one batch of the query encoder
 
 
+# The kinds of answer a unit must be seen to hold before it answers: numbers, dates and times
+# are read reliably; a name, a person or a place often stands in lower case or without the
+# word that announces it ("known as hedonism", "repealed by Solon", "except Antarctica"), so
+# for those a unit close enough to the question in meaning may answer without it.
+STRICT = frozenset({Ask.NUMBER, Ask.TIME})
+UNSEEN_KIND = 0.5  # the cosine such a unit needs (chosen on the factual sets' half a)
+
+
 @dataclass(frozen=True)
 class Choice:
     """The evidence for a question among the passages given (index into them)."""
@@ -107,11 +115,22 @@ class Choice:
     others: tuple[tuple[int, int], ...] = ()
 
     def answerable(
-        self, min_support: float, min_similarity: float = 0.0, min_predicate: float = 0.0
+        self,
+        min_support: float,
+        min_similarity: float = 0.0,
+        min_predicate: float = 0.0,
+        unseen_kind: float = UNSEEN_KIND,
     ) -> bool:
+        """Whether the unit answers: it holds the question's names, enough of its terms, a
+        cosine over the floor, and what the question asks for; a name, person or place not
+        seen as one may stand when the cosine reaches `unseen_kind` (see STRICT)."""
+        seen = self.kind_found or (
+            self.ask not in STRICT and self.similarity is not None
+            and self.similarity >= unseen_kind
+        )  # fmt: skip
         return (
             self.names_found
-            and self.kind_found
+            and seen
             and self.share >= min_support
             and (self.similarity is None or self.similarity >= min_similarity)
             and self.predicate >= min_predicate

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from rag.answer.cite import STOP, stem
+from rag.answer.cite import STOP, stem, stopped
 
 
 class Ask(Enum):
@@ -169,10 +169,33 @@ def question_names(question: str) -> set[str]:
         w = m.group(0)
         lower = w.lower()
         named = any(ch.isdigit() for ch in w) or (not first and w[:1].isupper())
-        if named and lower not in STOP:
+        if named and not stopped(lower) and not _amount(question, m):
             out.add(stem(lower))
         first = question[m.end() : m.end() + 2].lstrip(" \"'")[:1] in (".", "?", "!", ":")
     return out
+
+
+_PLAIN_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_MEASURES = frozenset(
+    """percent day days week weeks month months year years hour hours minute minutes night
+    nights km kg gb tb mb""".split()
+)
+
+
+def _amount(question: str, m: re.Match[str]) -> bool:
+    """Whether the number at `m` is an amount the question poses ("receipts from 70 days
+    ago", "a £700 course", "uptime of 97%"): a condition the document states as a range or a
+    rule, not a name it must repeat."""
+    if not _PLAIN_NUMBER.fullmatch(m.group(0)):
+        return False
+    before = question[max(0, m.start() - 2) : m.start()].strip()
+    after = question[m.end() : m.end() + 12].lstrip()
+    unit = WORD.match(after)
+    return (
+        before[-1:] in ("£", "$", "€")
+        or after[:1] == "%"
+        or (unit is not None and unit.group(0).lower() in _MEASURES)
+    )
 
 
 def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.cite import terms
 from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
-from rag.answer.question import asks_clock
+from rag.answer.question import asks_clock, question_names
 from rag.answer.segment import sentence_spans
 from rag.answer.units import units
 from rag.engine import FinishReason, TokenEvent, Usage
@@ -785,3 +785,49 @@ def test_a_row_without_a_header_is_quoted_whole(minilm: Any) -> None:
     choice = choose("How much can I spend in Lisbon?", [P(cut)], similar=_cosines(minilm))
     assert choice is not None and choice.focus is None
     assert cut[slice(*choice.span)] == "Lisbon\n€140\n€35"
+
+
+def test_a_contraction_of_a_function_word_is_not_a_name() -> None:
+    """ "I've" and "I'm" are capitalised, but they name nothing a passage must hold."""
+    assert not {"ive", "im", "wer", "dont"} & terms("I've been here; I'm sure we're fine, don't")
+    assert question_names("How many days off do I get once I've been here a while?") == set()
+    leave = ["Employees receive 26 days of annual leave per calendar year."]
+    choice, said = _choose("I'm new here. How many days of annual leave do I get?", leave)
+    assert choice.names_found and choice.answerable(0.0) and said == leave[0]
+
+
+def test_an_amount_the_question_poses_is_not_a_name() -> None:
+    """A condition the question sets ("uptime of 97%", "a £700 course", "70 days ago") is
+    stated in the document as a range or a rule; a version, a code or a year is a name."""
+    assert "97" not in question_names("What credit do we get if uptime was 97% last month?")
+    assert "700" not in question_names("Who has to approve a £700 conference for me?")
+    assert "70" not in question_names("Can I claim a receipt from 70 days ago?")
+    assert {"2.8.1", "g4", "1954"} <= question_names(
+        "Is 2.8.1 still valid for a G4 who joined in 1954?"
+    )
+    rules = ["Requests above £500 for a single course need approval from the divisional director."]
+    choice, _ = _choose("Who has to approve a £700 course for me?", rules)
+    assert choice.names_found
+
+
+def test_a_name_not_seen_as_one_answers_when_the_meaning_is_close() -> None:
+    """What a name, a person or a place question asks for is often not written as one
+    ("known as hedonism"): the unit answers when its cosine reaches the unseen-kind floor;
+    a number or a date must still be there."""
+    text = (
+        "Pleasure plays a central role in the family of philosophical theories known as hedonism."
+    )
+    question = "What family of philosophical theories gives pleasure a central role?"
+
+    def cosine(value: float) -> Callable[[str, list[str]], list[float]]:
+        return lambda query, texts: [value] * len(texts)
+
+    close = choose(question, [P(text)], similar=cosine(0.7))
+    assert close is not None and close.ask is Ask.NAME and not close.kind_found
+    assert close.answerable(0.0, 0.45)
+    near = choose(question, [P(text)], similar=cosine(0.47))
+    assert near is not None and not near.answerable(0.0, 0.45)  # over the floor, under 0.5
+    assert not choose(question, [P(text)]).answerable(0.0)  # no embedder: the kind decides
+    undated = choose("When did pleasure become central to philosophy?", [P(text)],
+                     similar=cosine(0.9))  # fmt: skip
+    assert undated is not None and undated.ask is Ask.TIME and not undated.answerable(0.0, 0.45)
