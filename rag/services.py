@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rag import heap
+from rag.answer.vectors import UnitVectors
 from rag.auth import KeyCache, ensure_admin_key, save_admin_key
 from rag.config import Settings
 from rag.db import Database
@@ -37,6 +38,8 @@ class Services:
     # Erases what deletes left behind (rag.purge); `purger.subscribe` tells a cache of
     # derived data (the engine's KV caches) which chunks left the record.
     purger: Purger
+    # The evidence step's unit vectors, per tenant (rag.answer.vectors); emptied by the purge.
+    unit_vectors: UnitVectors = field(default_factory=UnitVectors)
     # Answers in flight per tenant (RAG_QUOTA__MAX_CONCURRENT_ASKS): the routes that answer
     # take a slot first.
     asks: AskSlots = field(default_factory=lambda: AskSlots(None))
@@ -188,6 +191,8 @@ def build_services(
         quality=Quality(db, settings.quality),
         _own_embedder=own_embedder,
     )
+    # Deleted chunks' unit vectors leave with them.
+    services.purger.subscribe(lambda removed: services.unit_vectors.clear() if removed else None)
     if engine is not None:
         services._engine = services._adopt(engine)
     run_worker = (

@@ -176,7 +176,8 @@ async def prepare(
         use = "all" if services.settings.engine.backend == "remote" else "one"
     prep = await answer_from(
         engine, settings, req, relevant, tenant_id=tenant_id, collection_id=collection_id,
-        embed=services.embedder.embed if services.embedder.semantic else None,
+        embed=(services.unit_vectors.embed(tenant_id, services.embedder.embed)
+               if services.embedder.semantic else None),  # fmt: skip
         search=result, deadline=deadline, timings=timings, request_id=request_id, mode=mode,
         evidence=use, kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
                                        services.settings.engine.kv_reuse),  # fmt: skip
