@@ -192,7 +192,7 @@ def build_services(
         _own_embedder=own_embedder,
     )
     # Deleted chunks' unit vectors leave with them.
-    services.purger.subscribe(lambda removed: services.unit_vectors.clear() if removed else None)
+    services.purger.subscribe(lambda _removed: services.unit_vectors.clear())
     if engine is not None:
         services._engine = services._adopt(engine)
     run_worker = (

@@ -35,9 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
 import rag.answer.history as histories
 import rag.answer.prompt as prompts
 from rag.answer.cite import chooser
@@ -46,6 +43,7 @@ from rag.answer.extract import extract
 from rag.answer.generate import admit, start
 from rag.answer.kinds import Generating, Grounded, Quoted, Refused, ReviewOptions
 from rag.answer.prepared import NOT_FOUND, Prepared
+from rag.answer.vectors import Embed
 from rag.db import collections
 from rag.deadline import Deadline
 from rag.engine.protocol import KvReuse
@@ -84,7 +82,6 @@ class AskRequest:
 
 
 Mode = Literal["generate", "extractive"]
-Embed = Callable[[list[str]], npt.NDArray[np.float32]]
 EvidenceUse = Literal["auto", "one", "all"]
 KV_REUSE: tuple[KvReuse, ...] = ("blend", "prefix", "off")
 MODES: tuple[Mode, ...] = ("generate", "extractive")

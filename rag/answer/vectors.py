@@ -68,7 +68,7 @@ class UnitVectors:
                         self._kept.move_to_end(keys[n])
                     while len(self._kept) > self.capacity:
                         self._kept.popitem(last=False)
-            return np.stack([found[n] for n in range(len(texts))]).astype(np.float32)
+            return np.stack([found[n] for n in range(len(texts))])
 
         return kept
 

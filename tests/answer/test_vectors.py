@@ -35,6 +35,7 @@ def test_a_text_is_embedded_once_per_tenant_and_the_oldest_leave_first() -> None
     assert model.calls == []
     embed_a(["unit one", "the question", "unit two"])
     assert model.calls == [2]
+    assert embed_a([]).shape == (0, 384) and model.calls[-1] == 0  # nothing to look up
     cache.clear()
     assert len(cache) == 0
 
