@@ -43,8 +43,9 @@ from rag.answer.extract import extract
 from rag.answer.generate import admit, start
 from rag.answer.kinds import Generating, Grounded, Quoted, Refused, ReviewOptions
 from rag.answer.prepared import NOT_FOUND, Prepared
+from rag.answer.units import HEAD_LOOKBACK, Head, starts_in_table, table_head
 from rag.answer.vectors import Embed
-from rag.db import collections
+from rag.db import collections, documents
 from rag.deadline import Deadline
 from rag.engine.protocol import KvReuse
 from rag.engine.sequence import SamplingParams
@@ -168,6 +169,9 @@ async def prepare(
     if mode == "generate" and engine is None:
         engine = await asyncio.to_thread(lambda: services.engine)
         admit(engine)
+    heads = None
+    if any(p.start_char > 0 and starts_in_table(p.text) for p in relevant):
+        heads = await run(_table_heads, services, tenant_id, relevant)
     use = req.evidence or settings.evidence
     if use == "auto":
         use = "all" if services.settings.engine.backend == "remote" else "one"
@@ -178,7 +182,7 @@ async def prepare(
         search=result, deadline=deadline, timings=timings, request_id=request_id, mode=mode,
         evidence=use, kv_reuse=_chosen(req.kv_reuse, result.saved.get("kv_reuse"), KV_REUSE,
                                        services.settings.engine.kv_reuse),  # fmt: skip
-        run=run,
+        run=run, heads=heads,
     )  # fmt: skip
     prep.resolved = resolved
     prep.timings_ms["admit_to_submit"] = _ms(t0)
@@ -202,12 +206,14 @@ async def answer_from(
     evidence: Literal["one", "all"] = "one",
     kv_reuse: KvReuse = "prefix",
     run: Run = asyncio.to_thread,
+    heads: list[Head | None] | None = None,
 ) -> Prepared:
     """From the passages retrieved (strongest first) to a running generation, a quote, or a
     refusal when no sentence of them answers the question. Call from the event loop (the
     engine's stream is bound to it); the evidence and the prompt are built in a thread.
     `engine` may be None in extractive mode; `embed` (the embedding model) compares the
-    question with the best candidate sentences, when given."""
+    question with the best candidate sentences, when given; `heads`: the header row of the
+    table each passage starts inside, if any (`_table_heads`)."""
     deadline = deadline or Deadline.after_ms(None)
     timings = {} if timings is None else timings
     request_id = request_id or "ask-" + new_id()
@@ -217,7 +223,7 @@ async def answer_from(
     )  # fmt: skip
 
     t = time.perf_counter()
-    choice = await run(_choice, req.question, passages, embed)
+    choice = await run(_choice, req.question, passages, embed, heads)
     timings["evidence"] = _ms(t)
     if choice is None or not choice.answerable(
         settings.advanced.min_support, settings.min_similarity
@@ -257,7 +263,9 @@ async def answer_from(
     return Generating(review=review, stop_repetition=params.stop_repetition, **running, **base)
 
 
-def _choice(question: str, passages: list[Passage], embed: Embed | None) -> Choice | None:
+def _choice(
+    question: str, passages: list[Passage], embed: Embed | None, heads: list[Head | None] | None
+) -> Choice | None:
     dense = [_relevance(p) for p in passages]
     similar = None
     if embed is not None:
@@ -266,9 +274,23 @@ def _choice(question: str, passages: list[Passage], embed: Embed | None) -> Choi
             vectors = embed([query, *texts])  # normalized: a dot product is the cosine
             return [float(v) for v in vectors[1:] @ vectors[0]]
 
-    return choose(
-        question, passages, dense=dense, titles=[p.filename for p in passages], similar=similar
-    )
+    return choose(question, passages, dense=dense, titles=[p.filename for p in passages],
+                  similar=similar, heads=heads)  # fmt: skip
+
+
+def _table_heads(services: Services, tenant_id: str, passages: list[Passage]) -> list[Head | None]:
+    """The header row of the table each passage starts inside, from its document's text
+    before it (a chunk cut it off), or None."""
+    out: list[Head | None] = []
+    with services.db.read() as session:
+        for p in passages:
+            before = ""
+            if p.start_char > 0 and starts_in_table(p.text):
+                before = documents.text_before(
+                    session, tenant_id, p.document_id, p.start_char, HEAD_LOOKBACK
+                )
+            out.append(table_head(before) if before else None)
+    return out
 
 
 def _prompt(

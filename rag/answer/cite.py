@@ -101,13 +101,44 @@ def stopped(word: str) -> bool:
 
 def terms(text: str) -> set[str]:
     """The content terms of `text`, stemmed: words of three letters or more, numbers and
-    short codes with a digit ("P1", "4G"), without function words."""
+    short codes with a digit ("P1", "4G"), without function words; a short range of codes
+    or numbers stands for each in it ("G1–G6" holds "G4", "G7+" "G8", "3 to 5 years" "4")."""
     out = set()
     for m in _TERM.finditer(MARKER.sub(" ", text)):
         w = m.group(0).lower().removesuffix("'s")
         if stopped(w) or (len(w) < 3 and not any(c.isdigit() for c in w)):
             continue
         out.add(stem(w))
+    if any(c.isdigit() for c in text):
+        out |= _code_ranges(text)
+    return out
+
+
+# A range of codes or numbers: "G1–G6", "P2 to P4", "G7+", "G7 and above", "3 to 5 years",
+# "5 years or more", "more than 10 years". Bounded repeats only.
+_CODE_RANGE = re.compile(
+    r"(?<![^\s(])(?P<more>(?i:more|over|greater)\s(?:than\s)?)?"
+    r"(?P<prefix>[A-Za-z]{1,3})?(?P<low>\d{1,4})(?P<unit>\s(?!and\s|or\s|to\s)[a-z]{3,8})?"
+    r"(?:\s{0,3}(?:[\u2013\u2014-]|to|to\sless\sthan)\s{0,3}(?P<prefix2>[A-Za-z]{1,3})?(?P<high>\d{1,4})"
+    r"|(?P<plus>\+|\s(?:and|or)\s(?:above|higher|over|more)))?(?!\w|[:.,]\d)"
+)
+RANGE_MAX = 30  # codes or numbers a range may stand for ("G7+": G7 to G36)
+
+
+def _code_ranges(text: str) -> set[str]:
+    out: set[str] = set()
+    for m in _CODE_RANGE.finditer(text):
+        prefix, low = (m["prefix"] or "").lower(), int(m["low"])
+        if m["more"] and not m["high"] and not m["plus"]:
+            low, high = low + 1, low + RANGE_MAX
+        elif m["plus"]:
+            high = low + RANGE_MAX - 1
+        elif m["high"] is not None and (m["prefix2"] or "").lower() in ("", prefix):
+            high = int(m["high"])
+        else:
+            continue
+        if low < high < low + RANGE_MAX:
+            out.update(f"{prefix}{n}" for n in range(low, high + 1))
     return out
 
 

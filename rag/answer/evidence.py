@@ -48,7 +48,7 @@ from rag.answer.question import (
     counted,
     question_names,
 )
-from rag.answer.units import Unit, units
+from rag.answer.units import Head, Unit, units
 
 
 class PassageLike(Protocol):
@@ -160,11 +160,13 @@ def choose(
     dense: Sequence[float] | None = None,
     titles: Sequence[str] | None = None,
     similar: Callable[[str, list[str]], Sequence[float]] | None = None,
+    heads: Sequence[Head | None] | None = None,
 ) -> Choice | None:
     """The best sentence or table row of `passages` for `question` (None when they have
     none). `dense`: the passages' dense scores (cosines), strongest first as retrieved;
     `titles`: what names each passage's document (its file name); `similar`: (query, texts)
-    -> the texts' cosines with the query (the embedding model), for the shortlist."""
+    -> the texts' cosines with the query (the embedding model), for the shortlist; `heads`:
+    the header of the table each passage starts inside, if any (rag.answer.units)."""
     wanted = terms(question)
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
@@ -179,7 +181,8 @@ def choose(
     every: list[_Scored] = []
     for i, p in enumerate(passages):
         prior = dense[i] if dense is not None and i < len(dense) else 0.0
-        for u in units(p.text, starts_document=p.start_char == 0):
+        head = heads[i] if heads is not None and i < len(heads) else None
+        for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
                        unit_of, at_clock)  # fmt: skip
             every.append(s)
@@ -369,6 +372,38 @@ def _joins_names(body: str, start: int, end: int) -> bool:
     return bool(before) and before[-1][:1].isupper() and body[end : end + 1].isupper()
 
 
+# "6.2.3 or later", "14 days or more": the conjunction bounds the value, it ends no clause.
+_BOUNDS = frozenset(
+    "later earlier newer older more less fewer higher lower above below greater over".split()
+)
+
+
+def _joins_range(body: str, start: int, end: int, conjunction: str) -> bool:
+    """Whether the conjunction at [start, end) is part of one value: "between 04:00 and
+    06:00" (an "and" within four words of "between"), "version 6.2.3 or later"."""
+    if conjunction == "and":
+        before = [w.lower() for w in body[max(0, start - 60) : start].split()[-4:]]
+        return "between" in before
+    if conjunction == "or":
+        after = body[end : end + 12].split()
+        return bool(after) and after[0].lower().strip(".,;") in _BOUNDS
+    return False
+
+
+def _appositive(body: str, s: int, e: int, hits: list[tuple[int, int]], names: set[str]) -> bool:
+    """Whether the clause [s, e) after a comma is no more than an answer candidate and a word
+    or two, none of them a name the question gives ("staffed Monday to Friday, 08:00-20:00
+    CET"): it belongs to the clause before ("..., Business accounts 6" is a clause of its
+    own when the question asks about Business accounts)."""
+    inside = [(a, b) for a, b in hits if s <= a < e]
+    if not inside:
+        return False
+    rest = body[s:e]
+    for a, b in sorted(inside, reverse=True):
+        rest = rest[: a - s] + rest[b - s :]
+    return len(WORD.findall(rest)) <= 2 and not terms(rest) & names
+
+
 def _counts(body: str, hit: tuple[int, int], unit: str) -> bool:
     """Whether the number at `hit` may count `unit` (stemmed): the unit follows within two
     words, or nothing does ("Business accounts 6 and Enterprise accounts 20"), where another
@@ -390,11 +425,21 @@ def _clause(
     candidate is already known to be the answer (it counts what is asked)."""
     bounds = [0]
     for m in _CLAUSE_END.finditer(body):
-        if m.group(0).strip() in ("and", "or") and _joins_names(body, m.start(), m.end()):
+        word = m.group(0).strip()
+        if word in ("and", "or") and (
+            _joins_names(body, m.start(), m.end()) or _joins_range(body, m.start(), m.end(), word)
+        ):
             continue
         bounds += [m.start(), m.end()]
     bounds.append(len(body))
-    clauses = [(bounds[k], bounds[k + 1]) for k in range(0, len(bounds) - 1, 2)]
+    clauses: list[tuple[int, int]] = []
+    for k in range(0, len(bounds) - 1, 2):
+        s, e = bounds[k], bounds[k + 1]
+        after_comma = body[bounds[k - 1] : s].startswith(",")
+        if clauses and after_comma and _appositive(body, s, e, hits, names):
+            clauses[-1] = (clauses[-1][0], e)
+        else:
+            clauses.append((s, e))
     scored = []
     rest = 0  # the most of the question's names a clause without a candidate holds
     for s, e in clauses:

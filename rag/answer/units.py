@@ -6,7 +6,8 @@ in tables. Parsed tables come in three shapes: a row a line with cells between t
 DOCX), a markdown row with cells between pipes, or, from a PDF, a cell a line ("City", "Hotel
 per night", "Meals per day", "Berlin", "€180", ...). All are read back into rows under their
 header, so "the hotel limit in Munich" finds the cell where the Munich row meets the hotel
-column.
+column. A passage that starts inside a table is given the table's header row from the text
+before it in its document (`table_head`), since its chunk cut the header off.
 
 Each unit carries its context: the heading above it (a short line without closing
 punctuation), the document's title (its file name) and, for a passage that starts its
@@ -51,6 +52,14 @@ class Unit:
     lead: str = ""
 
 
+@dataclass(frozen=True)
+class Head:
+    """The header row of the table a passage starts inside, from the text before it."""
+
+    row: str  # a markdown header comes with its rule on a second line
+    cut: bool  # the passage's first line is the rest of a row cut at its start
+
+
 @dataclass
 class _Line:
     start: int
@@ -58,8 +67,9 @@ class _Line:
     text: str
 
 
-def units(text: str, starts_document: bool = False) -> list[Unit]:
-    """The sentences and table rows of `text`, in reading order."""
+def units(text: str, starts_document: bool = False, head: Head | None = None) -> list[Unit]:
+    """The sentences and table rows of `text`, in reading order. `head`: the header of the
+    table `text` starts inside (`table_head`), when it does."""
     lines = _lines(text)
     out: list[Unit] = []
     heading = ""
@@ -67,6 +77,12 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
     lead = ""
     i = 0
     prose: list[_Line] = []
+    if head:
+        continued = _continued_table(lines, head)
+        if continued is not None:
+            header, rows, i = continued
+            out.extend(Unit((cells[0][0], cells[-1][1]), "", tuple(cells), header)
+                       for cells in rows)  # fmt: skip
 
     def flush() -> None:
         nonlocal first_sentence, lead
@@ -99,10 +115,15 @@ def units(text: str, starts_document: bool = False) -> list[Unit]:
                                 subject=first_sentence if starts_document else ""))  # fmt: skip
             continue
         # A short line after "...:" is the list's item, not a heading.
-        if _is_heading(line.text) and i + 1 < len(lines) and not (lead and not prose):
+        if (
+            i + 1 < len(lines)
+            and not (lead and not prose)
+            and (_is_heading(line.text) or _asks(lines, i))
+        ):
             flush()
             heading, lead = line.text.strip(), ""
-            out.append(Unit((line.start, line.end), heading, first=not out))
+            if not _QUESTION.search(heading):  # a FAQ's question never answers itself
+                out.append(Unit((line.start, line.end), heading, first=not out))
             i += 1
             continue
         prose.append(line)
@@ -147,6 +168,23 @@ def _is_heading(line: str) -> bool:
     )
 
 
+_QUESTION = re.compile(r"\?\s*$")
+_MARKDOWN_HEADING = re.compile(r"#{1,6}\s")
+QUESTION_MAX_WORDS = 16
+
+
+def _asks(lines: list[_Line], i: int) -> bool:
+    """Whether line i is a FAQ's question heading: a short line ending in "?", marked as a
+    markdown heading or standing alone between blank lines (a parsed HTML or DOCX heading)."""
+    text = lines[i].text.strip()
+    if not _QUESTION.search(text) or not 0 < len(text.split()) <= QUESTION_MAX_WORDS:
+        return False
+    if _MARKDOWN_HEADING.match(text):
+        return True
+    alone_before = i == 0 or not lines[i - 1].text.strip()
+    return alone_before and not lines[i + 1].text.strip()
+
+
 def _cells(line: _Line) -> list[Span]:
     out = []
     at = line.start
@@ -157,6 +195,70 @@ def _cells(line: _Line) -> list[Span]:
             out.append((s, s + len(stripped)))
         at += len(part) + 1
     return out
+
+
+# How far back in its document a passage's table header is looked for (characters).
+HEAD_LOOKBACK = 4000
+
+
+def starts_in_table(text: str) -> bool:
+    """Whether a passage's first lines may be rows of a table begun before it."""
+    return any("|" in line or "\t" in line for line in text.split("\n", 2)[:2])
+
+
+def table_head(before: str) -> Head | None:
+    """The header row of the table whose rows end `before` (the document's text up to where
+    a passage starts): None when it ends in no table, or the header is not within it."""
+    lines = before.split("\n")
+    cut = bool(lines[-1])
+    lines = lines[:-1]  # the last line is the start of the passage's own first one, or ""
+    j = len(lines) - 1
+    if j < 0:
+        return None
+    if "|" in lines[j]:
+        while j >= 1 and "|" in lines[j]:
+            if _pipe_rule(lines[j]) and "|" in lines[j - 1]:
+                return Head(lines[j - 1].strip() + "\n" + lines[j].strip(), cut)
+            j -= 1
+        return None
+    top = -1
+    while j >= 0 and ("\t" in lines[j] or not lines[j].strip()):
+        if "\t" in lines[j]:
+            top = j
+        j -= 1
+    if top >= 0 and j >= 0:  # the run's first line is its header, unless it starts `before`
+        return Head(lines[top].strip(), cut)
+    return None
+
+
+def _continued_table(
+    lines: list[_Line], head: Head
+) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
+    """The rows at the start of `lines` of the table whose header is `head`: the header's
+    cells, the rows' cell spans, and the line after them."""
+    row = head.row.split("\n")[0]
+    piped = "|" in row
+    header = _pipe_cells(_Line(0, len(row), row)) if piped else _cells(_Line(0, len(row), row))
+    names = tuple(row[a:b] for a, b in header)
+    rows: list[list[Span]] = []
+    j = 1 if head.cut else 0  # a row cut at its start is no row
+    while j < len(lines):
+        line = lines[j]
+        if not line.text.strip():
+            if piped:  # a markdown table ends at a blank line
+                break
+            j += 1
+            continue
+        cells = (_pipe_cells(line) if piped else _cells(line)) if _row_of(line, piped) else []
+        if len(cells) != len(names):
+            break
+        rows.append(cells)
+        j += 1
+    return (names, rows, j) if rows else None
+
+
+def _row_of(line: _Line, piped: bool) -> bool:
+    return ("|" in line.text and not _pipe_rule(line.text)) if piped else "\t" in line.text
 
 
 def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -225,3 +225,21 @@ def filenames(session: Session, tenant_id: str, document_ids: list[str]) -> dict
         )
     )
     return {d: f for d, f in rows}
+
+
+def text_before(
+    session: Session, tenant_id: str, document_id: str, position: int, size: int
+) -> str:
+    """Up to `size` characters of a live document's extracted text just before `position`
+    ("" when there is none, or the document is not the tenant's)."""
+    start = max(0, position - size)
+    if position <= 0:
+        return ""
+    text = session.execute(
+        select(func.substr(Document.text, start + 1, position - start)).where(
+            Document.id == document_id,
+            Document.tenant_id == tenant_id,
+            Document.deleted_at.is_(None),
+        )
+    ).scalar_one_or_none()
+    return text or ""

@@ -19,7 +19,9 @@ from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
 from rag.answer.question import asks_clock, question_names
 from rag.answer.segment import sentence_spans
-from rag.answer.units import units
+from rag.answer.units import HEAD_LOOKBACK, table_head, units
+from rag.db import documents
+from rag.db.models import Document
 from rag.engine import FinishReason, TokenEvent, Usage
 from tests.answer.conftest import FakeEngine, ingest, parse_sse
 from tests.conftest import Api
@@ -831,3 +833,85 @@ def test_a_name_not_seen_as_one_answers_when_the_meaning_is_close() -> None:
     undated = choose("When did pleasure become central to philosophy?", [P(text)],
                      similar=cosine(0.9))  # fmt: skip
     assert undated is not None and undated.ask is Ask.TIME and not undated.answerable(0.0, 0.45)
+
+
+def test_a_faqs_question_heading_is_context_and_never_the_quote() -> None:
+    faq = ("## Is there a desktop app?\n\nYes. The desktop app runs on Windows and macOS. The "
+           "current version is 3.8.2, released in May.\n\n## Which browsers are supported?\n\n"
+           "Chrome, Firefox and Safari, in their two latest versions.")  # fmt: skip
+    got = {faq[slice(*u.span)]: u for u in units(faq)}
+    assert "## Is there a desktop app?" not in got
+    assert got["Yes."].heading == "## Is there a desktop app?"
+    # A question standing alone between blank lines (a parsed HTML or DOCX heading) too.
+    html = "Can I borrow a laptop?\n\nStudents can borrow one from the lockers for 4 hours."
+    assert [html[slice(*u.span)] for u in units(html)] == [html.split("\n\n")[1]]
+    choice = choose("What is the current version of the desktop app?", [P(faq)])
+    assert choice is not None and "3.8.2" in faq[slice(*(choice.focus or choice.span))]
+
+
+def test_a_range_or_a_bound_is_one_clause() -> None:
+    windows = ("Scheduled maintenance takes place on Sundays between 04:00 and 06:00 UTC and is "
+               "announced at least 72 hours in advance.")  # fmt: skip
+    choice = choose("When does Lumora take the service down for planned work?", [P(windows)])
+    assert choice is not None and "between 04:00 and 06:00 UTC" in choice.focus_text
+    vpn = "Install the VPN client version 6.2.3 or later from the Software Centre."
+    hits = [(vpn.index("6.2.3"), vpn.index("6.2.3") + 5)]
+    assert _clause(vpn, hits, terms("Which VPN client version?"), {"vpn"}) is None
+    # A candidate after a comma with a word or two is part of the clause before it; one that
+    # names what the question asks about is a clause of its own.
+    chat = "Email and chat: all plans, staffed Monday to Friday, 08:00-20:00 CET."
+    choice = choose("When is the support chat staffed?", [P(chat)])
+    assert choice is not None and "08:00-20:00 CET" in chat[slice(*(choice.focus or choice.span))]
+    contacts = "Starter accounts can name 2 support contacts, Business accounts 6."
+    choice = choose("How many support contacts can a Business account name?", [P(contacts)])
+    assert choice is not None and choice.focus_text == "Business accounts 6."
+
+
+def test_a_range_of_codes_or_numbers_holds_each_of_them() -> None:
+    assert {"g4", "g1", "g6"} <= terms("Grade G1–G6 nightly cap") and "g7" not in terms("G1–G6")
+    assert {"g8", "g30"} <= terms("Grade G7+ nightly cap") and "g6" not in terms("G7+")
+    assert "g9" in terms("grade G7 and above may book premium economy")
+    assert {"3", "4", "5"} <= terms("2 to 5 years") and "12" in terms("More than 10 years")
+    assert "11" not in terms("open 10:00 to 12:00") and "4" not in terms("3.5 to 7 kg")
+    assert "1985" not in terms("from 1960 to 2015")  # too wide to stand for each year
+    hotels = ("| City | Grade G1–G6 nightly cap | Grade G7+ nightly cap |\n|---|---|---|\n"
+              "| Hamburg | €150 | €170 |\n| Porto | €115 | €135 |\n")  # fmt: skip
+    choice = choose("I'm grade G4. What's the most I can spend per night in Porto?", [P(hotels)])
+    assert choice is not None and choice.names_found
+    assert choice.focus_text == "Porto, Grade G1–G6 nightly cap: €115"
+
+
+SUPPORT = ("Response times by plan.\n\n| Priority | Bronze | Silver | Gold |\n|---|---|---|---|\n"
+           + "".join(f"| P{n} | {n} days | {n} hours | {10 * n} minutes |\n" for n in range(1, 9))
+           + "\nAll times are measured from the ticket's creation.")  # fmt: skip
+
+
+def test_a_passage_that_starts_inside_a_table_is_read_by_the_header_before_it() -> None:
+    cut = SUPPORT.index("| P5")
+    for start, first in ((cut, "P5"), (cut + 3, "P6")):  # at a row, and within one
+        head = table_head(SUPPORT[max(0, start - HEAD_LOOKBACK) : start])
+        assert head is not None and head.row.startswith("| Priority | Bronze")
+        rows = [u for u in units(SUPPORT[start:], head=head) if u.cells]
+        assert rows[0].header == ("Priority", "Bronze", "Silver", "Gold")
+        assert SUPPORT[start:][slice(*rows[0].cells[0])] == first
+    assert table_head("Prose before.\n\n") is None and table_head("") is None
+    tabbed = "Rates\n\nCity\tHotel\tMeals\n\nBerlin\t€180\t€50\n\n"
+    head = table_head(tabbed)
+    assert head is not None and head.row == "City\tHotel\tMeals" and not head.cut
+
+
+def test_ask_reads_a_table_row_by_the_header_its_chunk_lost(
+    make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Any
+) -> None:
+    api = _api(make_api, sqlite_url, hash_embedder, FakeEngine(answer="unused"))
+    api.services.settings.ingest.chunk_tokens, api.services.settings.ingest.chunk_overlap = 40, 4
+    cid = api.collection(api.a, name="support")
+    [doc] = ingest(api, api.a, cid, [SUPPORT])
+    body = _ask(api, cid, question="How quickly is a P7 ticket answered on Gold?", k=20,
+                mode="extractive").json()  # fmt: skip
+    assert body["answer_source"] == "quoted" and body["answer"].startswith("P7, Gold: 70 minutes")
+    # The text before a passage is read for its own tenant only.
+    with api.services.db.read() as session:
+        tenant = session.get(Document, doc).tenant_id
+        assert documents.text_before(session, tenant, doc, 40, 100) == SUPPORT[:40]
+        assert documents.text_before(session, "another-tenant", doc, 40, 100) == ""
