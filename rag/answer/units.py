@@ -92,6 +92,8 @@ def units(text: str, starts_document: bool = False, head: Head | None = None) ->
         for a, b in sentence_spans(text[s:e]):
             span = (s + a, s + b)
             said = text[span[0] : span[1]]
+            if _QUESTION.search(said):  # a question never answers (a FAQ's, cut off below it)
+                continue
             lead = lead if _item(said) else ""
             if not first_sentence and not out:
                 first_sentence = said
@@ -121,9 +123,9 @@ def units(text: str, starts_document: bool = False, head: Head | None = None) ->
             and (_is_heading(line.text) or _asks(lines, i))
         ):
             flush()
+            # A heading is the context of what follows it, never an answer itself ("4.2 Annual
+            # leave", a FAQ's question).
             heading, lead = line.text.strip(), ""
-            if not _QUESTION.search(heading):  # a FAQ's question never answers itself
-                out.append(Unit((line.start, line.end), heading, first=not out))
             i += 1
             continue
         prose.append(line)

@@ -847,6 +847,9 @@ def test_a_faqs_question_heading_is_context_and_never_the_quote() -> None:
     assert [html[slice(*u.span)] for u in units(html)] == [html.split("\n\n")[1]]
     choice = choose("What is the current version of the desktop app?", [P(faq)])
     assert choice is not None and "3.8.2" in faq[slice(*(choice.focus or choice.span))]
+    # No heading is a unit, nor a question the passage's end cut off from its answer.
+    cut = "## 4.2 Annual leave\n\nYou get 26 days.\n\n## Is my data encrypted?"
+    assert [cut[slice(*u.span)] for u in units(cut)] == ["You get 26 days."]
 
 
 def test_a_range_or_a_bound_is_one_clause() -> None:
