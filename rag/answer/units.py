@@ -240,8 +240,8 @@ def _continued_table(
     cells, the rows' cell spans, and the line after them."""
     row = head.row.split("\n")[0]
     piped = "|" in row
-    header = _pipe_cells(_Line(0, len(row), row)) if piped else _cells(_Line(0, len(row), row))
-    names = tuple(row[a:b] for a, b in header)
+    line = _Line(0, len(row), row)
+    names = tuple(row[a:b] for a, b in (_pipe_cells(line) if piped else _cells(line)))
     rows: list[list[Span]] = []
     j = 1 if head.cut else 0  # a row cut at its start is no row
     while j < len(lines):

@@ -232,9 +232,9 @@ def text_before(
 ) -> str:
     """Up to `size` characters of a live document's extracted text just before `position`
     ("" when there is none, or the document is not the tenant's)."""
-    start = max(0, position - size)
     if position <= 0:
         return ""
+    start = max(0, position - size)
     text = session.execute(
         select(func.substr(Document.text, start + 1, position - start)).where(
             Document.id == document_id,
