@@ -7,7 +7,10 @@ threads' turns for the GIL made every tenant's requests wait. Now the first wait
 starts one watch, which looks at the job first after `first_s`, then less and less often
 (x1.5 a time) up to `every_s`, and ends when the job is done, or nobody waits for it any
 more, or the last waiter's deadline has passed. Every waiter of that job (and tenant) reads
-the watch's latest look.
+the watch's latest look. A waiter that comes while the watch runs starts from that look,
+and waiters that come together before it starts share one first read: a burst of n
+waiters on one job is one read, not n (each on the database threads, most of them refused
+there with a 429 after the full cost of the request).
 
 A waiter returns when the job is done, when its own deadline passes (with the latest look),
 or when its client goes away (noticed from the connection, not by asking each tick).
@@ -50,11 +53,25 @@ class JobWatch(Generic[J]):
         self.first_s = first_s
         self.every_s = every_s
         self._watches: dict[tuple[str, str], _Watch[J]] = {}
+        self._reads: dict[tuple[str, str], asyncio.Future[J]] = {}
 
     @property
     def watching(self) -> int:
         """Jobs being watched now."""
         return len(self._watches)
+
+    async def first_look(self, key: tuple[str, str], load: Callable[[], Awaitable[J]]) -> J:
+        """A new waiter's look at the job `key` names: the watch's latest when the job is
+        watched, else one read shared with every waiter that comes while it runs (it
+        finishes for them even if the waiter that started it goes away)."""
+        watch = self._watches.get(key)
+        if watch is not None and watch.error is None:
+            return watch.latest
+        read = self._reads.get(key)
+        if read is None:
+            read = self._reads[key] = asyncio.ensure_future(load())
+            read.add_done_callback(lambda _: self._reads.pop(key, None))
+        return await asyncio.shield(read)
 
     async def wait(
         self,

@@ -42,12 +42,11 @@ async def get_job(
         with services.db.read() as session:
             return JobOut.of(jobs.get(session, principal.tenant_id, job_id))
 
-    job = await pools.db.run(load)
+    key = (principal.tenant_id, job_id)
+    read = lambda: pools.db.run(load)  # noqa: E731
+    job = await (pools.jobs.first_look(key, read) if wait > 0 else read())
     if job.done or wait <= 0:
         return job
     deadline = time.monotonic() + min(wait, services.settings.api.long_poll_max_s)
     with pools.long_poll():
-        key = (principal.tenant_id, job_id)
-        return await pools.jobs.wait(
-            key, job, lambda: pools.db.run(load), deadline, request.receive
-        )
+        return await pools.jobs.wait(key, job, read, deadline, request.receive)
