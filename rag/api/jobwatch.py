@@ -70,7 +70,13 @@ class JobWatch(Generic[J]):
         read = self._reads.get(key)
         if read is None:
             read = self._reads[key] = asyncio.ensure_future(load())
-            read.add_done_callback(lambda _: self._reads.pop(key, None))
+
+            def done(f: asyncio.Future[J]) -> None:
+                self._reads.pop(key, None)
+                if not f.cancelled():
+                    f.exception()  # taken, so a read that ends with no one waiting is quiet
+
+            read.add_done_callback(done)
         return await asyncio.shield(read)
 
     async def wait(
