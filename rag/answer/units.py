@@ -19,6 +19,7 @@ the sentence that introduces the list ("... fixed weekly windows, all on Sundays
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rag.answer.segment import sentence_spans
@@ -242,25 +243,42 @@ def _continued_table(
     piped = "|" in row
     line = _Line(0, len(row), row)
     names = tuple(row[a:b] for a, b in (_pipe_cells(line) if piped else _cells(line)))
-    rows: list[list[Span]] = []
-    j = 1 if head.cut else 0  # a row cut at its start is no row
-    while j < len(lines):
-        line = lines[j]
-        if not line.text.strip():
-            if piped:  # a markdown table ends at a blank line
-                break
-            j += 1
-            continue
-        cells = (_pipe_cells(line) if piped else _cells(line)) if _row_of(line, piped) else []
-        if len(cells) != len(names):
-            break
-        rows.append(cells)
-        j += 1
+    # A row cut at its start is no row; a markdown table ends at a blank line (or a rule).
+    rows, j = _rows(lines, 1 if head.cut else 0, len(names),
+                    _pipe_data_row if piped else _tab_cells, across_blanks=not piped)  # fmt: skip
     return (names, rows, j) if rows else None
 
 
-def _row_of(line: _Line, piped: bool) -> bool:
-    return ("|" in line.text and not _pipe_rule(line.text)) if piped else "\t" in line.text
+def _rows(
+    lines: list[_Line], j: int, width: int, cells_of: Callable[[_Line], list[Span]],
+    *, across_blanks: bool,
+) -> tuple[list[list[Span]], int]:  # fmt: skip
+    """Rows of `width` cells (`cells_of` a line) from line j on, blank lines between them
+    allowed when `across_blanks`: the rows' cell spans and the line after them."""
+    rows: list[list[Span]] = []
+    while j < len(lines):
+        line = lines[j]
+        if across_blanks and not line.text.strip():
+            j += 1
+            continue
+        cells = cells_of(line)
+        if len(cells) != width:
+            break
+        rows.append(cells)
+        j += 1
+    return rows, j
+
+
+def _tab_cells(line: _Line) -> list[Span]:
+    return _cells(line) if "\t" in line.text else []
+
+
+def _pipe_row(line: _Line) -> list[Span]:
+    return _pipe_cells(line) if "|" in line.text else []
+
+
+def _pipe_data_row(line: _Line) -> list[Span]:
+    return [] if _pipe_rule(line.text) else _pipe_row(line)
 
 
 def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[Span]], int] | None:
@@ -271,19 +289,7 @@ def _tab_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[S
     head = _cells(lines[i])
     if len(head) < 2:
         return None
-    width = len(head)
-    rows: list[list[Span]] = []
-    j = i + 1
-    while j < len(lines):
-        line = lines[j]
-        if not line.text.strip():
-            j += 1
-            continue
-        cells = _cells(line) if "\t" in line.text else []
-        if len(cells) != width:
-            break
-        rows.append(cells)
-        j += 1
+    rows, j = _rows(lines, i + 1, len(head), _tab_cells, across_blanks=True)
     if not rows:
         return None
     text_of = [lines[i].text[s - lines[i].start : e - lines[i].start] for s, e in head]
@@ -322,14 +328,7 @@ def _pipe_table(lines: list[_Line], i: int) -> tuple[tuple[str, ...], list[list[
     head = _pipe_cells(lines[i])
     if len(head) < 2:
         return None
-    rows: list[list[Span]] = []
-    j = i + 2
-    while j < len(lines) and "|" in lines[j].text:
-        cells = _pipe_cells(lines[j])
-        if len(cells) != len(head):
-            break
-        rows.append(cells)
-        j += 1
+    rows, j = _rows(lines, i + 2, len(head), _pipe_row, across_blanks=False)
     if not rows:
         return None
     text_of = [lines[i].text[s - lines[i].start : e - lines[i].start] for s, e in head]

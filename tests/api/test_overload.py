@@ -254,6 +254,41 @@ def test_a_failed_look_is_every_waiters_answer_and_ends_the_watch() -> None:
     asyncio.run(main())
 
 
+def test_waiters_that_arrive_together_share_one_read_and_its_failure() -> None:
+    """The first read of a job not yet watched is shared by the waiters that arrive while
+    it runs: one read for all of them, and when it fails each gets the error; the next
+    waiter reads again."""
+    from dataclasses import dataclass
+
+    from rag.api.jobwatch import JobWatch
+
+    @dataclass
+    class Job:
+        done: bool = False
+
+    async def main() -> None:
+        watch: JobWatch[Job] = JobWatch(first_s=0.01, every_s=0.01)
+        reads = 0
+
+        async def failing() -> Job:
+            nonlocal reads
+            reads += 1
+            await asyncio.sleep(0.01)
+            raise ConnectionError("database gone")
+
+        looks = [watch.first_look(("t", "j"), failing) for _ in range(5)]
+        results = await asyncio.gather(*looks, return_exceptions=True)
+        assert [type(r) for r in results] == [ConnectionError] * 5
+        assert reads == 1
+
+        async def fine() -> Job:
+            return Job(done=True)
+
+        assert (await watch.first_look(("t", "j"), fine)).done
+
+    asyncio.run(main())
+
+
 def test_a_waiter_sees_its_job_done_at_the_next_look(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
 ) -> None:
