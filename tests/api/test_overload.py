@@ -218,7 +218,8 @@ def test_a_burst_of_waiters_on_one_job_is_one_read_and_never_refused(
 
 def test_a_failed_look_is_every_waiters_answer_and_ends_the_watch() -> None:
     """When the watch's look at the job fails (the database is down), each waiter of that
-    job gets the error, and the next long poll starts a watch of its own."""
+    job gets the error, and the next long poll starts a watch of its own; the same for the
+    first read that waiters arriving together share."""
     from dataclasses import dataclass
 
     from rag.api.jobwatch import JobWatch
@@ -251,40 +252,12 @@ def test_a_failed_look_is_every_waiters_answer_and_ends_the_watch() -> None:
 
         assert (await watch.wait(("t", "j"), Job(), done, deadline, never_gone)).done
 
-    asyncio.run(main())
-
-
-def test_waiters_that_arrive_together_share_one_read_and_its_failure() -> None:
-    """The first read of a job not yet watched is shared by the waiters that arrive while
-    it runs: one read for all of them, and when it fails each gets the error; the next
-    waiter reads again."""
-    from dataclasses import dataclass
-
-    from rag.api.jobwatch import JobWatch
-
-    @dataclass
-    class Job:
-        done: bool = False
-
-    async def main() -> None:
-        watch: JobWatch[Job] = JobWatch(first_s=0.01, every_s=0.01)
-        reads = 0
-
-        async def failing() -> Job:
-            nonlocal reads
-            reads += 1
-            await asyncio.sleep(0.01)
-            raise ConnectionError("database gone")
-
-        looks = [watch.first_look(("t", "j"), failing) for _ in range(5)]
-        results = await asyncio.gather(*looks, return_exceptions=True)
-        assert [type(r) for r in results] == [ConnectionError] * 5
-        assert reads == 1
-
-        async def fine() -> Job:
-            return Job(done=True)
-
-        assert (await watch.first_look(("t", "j"), fine)).done
+        # Waiters that arrive together, before a watch, share one first read and its error.
+        looks = 0
+        firsts = [watch.first_look(("t", "k"), failing) for _ in range(5)]
+        results = await asyncio.gather(*firsts, return_exceptions=True)
+        assert [type(r) for r in results] == [ConnectionError] * 5 and looks == 1
+        assert (await watch.first_look(("t", "k"), done)).done  # the next one reads again
 
     asyncio.run(main())
 
