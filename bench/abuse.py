@@ -266,7 +266,10 @@ class Load:
                 phase.honest(kind, status, time.perf_counter() - t0)
 
     def _probe(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as client:
+        # From an address of its own, as a prober's (the attacker's is 127.0.0.1): requests
+        # without a key are paced by address.
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=self.url, timeout=30, transport=transport) as client:
             while not self.stop.wait(0.5):
                 phase = self.phase
                 if phase is None:
@@ -305,8 +308,10 @@ class Load:
 
 
 def beat(url: str) -> int:
-    """The heartbeat's process: the time of each /healthz, in ms, a line each."""
-    with httpx.Client(base_url=url, timeout=120) as client:
+    """The heartbeat's process: the time of each /healthz, in ms, a line each (from an address
+    of its own, as the probe's)."""
+    transport = httpx.HTTPTransport(local_address="127.0.0.3")
+    with httpx.Client(base_url=url, timeout=120, transport=transport) as client:
         while True:
             time.sleep(0.01)
             t0 = time.perf_counter()
