@@ -16,6 +16,7 @@ import numpy.typing as npt
 from rag.deadline import Deadline
 from rag.embed.base import split_rows
 from rag.errors import Unavailable
+from rag.torch_threads import team_thread
 
 
 class QueryLane:
@@ -39,18 +40,7 @@ class QueryLane:
         self._pending = 0
         self._idle = threading.Condition()
         self._closed = False
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(threads, ready), name="embed-queries", daemon=True
-        )
-        import torch
-
-        before = torch.get_num_threads()
-        self._thread.start()
-        ready.wait()
-        # set_num_threads in the lane also moved the process-wide default; put it back (the
-        # lane's own team keeps its size).
-        torch.set_num_threads(before)
+        self._thread = team_thread(self._run, threads, "embed-queries")
 
     def embed(self, texts: list[str], deadline: Deadline | None = None) -> npt.NDArray[np.float32]:
         """The texts' vectors; Unavailable when the lane is closed or the deadline passes
@@ -107,14 +97,7 @@ class QueryLane:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
-    def _run(self, threads: int, ready: threading.Event) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        # torch sizes a thread's team lazily, from the process-wide default, on its first
-        # parallel call: make that happen now, before the constructor puts the default back.
-        torch.get_num_threads()
-        ready.set()
+    def _run(self) -> None:
         try:
             self._serve()
         finally:

@@ -95,13 +95,10 @@ def build_local_engine(settings: EngineSettings) -> Engine:
 
 
 def _load(settings: EngineSettings) -> Engine:
-    import torch
 
     from rag.engine.kernels import kernels
     from rag.engine.loader import load_model
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.advanced.dtype, device)
     compiled = kernels() if device.type == "cpu" else None
@@ -204,5 +201,7 @@ def assemble(
         ),
     )
     return Engine(
-        runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages
-    )
+        runner, tokenizer, sched, bm, eos_token_ids, settings.max_waiting, passages=passages,
+        threads=settings.threads,
+        init_threads=None if compiled is None else compiled.init_threads,
+    )  # fmt: skip

@@ -125,7 +125,10 @@ class EngineSettings(Upgrading):
         default=None, description="Converted-weights cache; None = ~/.cache/ragserve/engine."
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(default=None, ge=1, description="torch CPU threads; None = keep.")
+    threads: int | None = Field(
+        default=None, ge=1,
+        description="Threads of the engine's steps on the CPU; None = the process's default.",
+    )  # fmt: skip
     kv_cache_mb: int = Field(default=1024, ge=1)
     max_num_seqs: int = Field(default=32, ge=1, description="Cap on running sequences.")
     max_num_batched_tokens: int = Field(

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from rag.engine.blocks import BlockManager
@@ -31,6 +32,7 @@ from rag.engine.sequence import (
 )
 from rag.engine.step import ModelRunnerOutput, SchedulerOutput
 from rag.engine.stream import Pending, RequestStream, deliver
+from rag.torch_threads import team_thread
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +49,14 @@ class Engine:
         eos_token_ids: tuple[int, ...] = (),
         max_waiting: int = 256,
         passages: PassageKVCache | None = None,
+        threads: int | None = None,
+        init_threads: Callable[[], object] | None = None,
     ):
         self.runner = runner
+        # The step thread's torch team (rag.torch_threads.team_thread); None: the process-wide
+        # default. `init_threads`: the compiled kernels' own sizing of it.
+        self.threads = threads
+        self._init_threads = init_threads
         self.tokenizer = tokenizer
         self.config = scheduler_config
         self.max_model_len = scheduler_config.max_model_len
@@ -220,8 +228,7 @@ class Engine:
     # ----- step loop (its own thread)
     def _ensure_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
-            self._thread.start()
+            self._thread = team_thread(self._run, self.threads, "engine-step", self._init_threads)
 
     def _run(self) -> None:
         while True:

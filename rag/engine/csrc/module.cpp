@@ -19,6 +19,13 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
 // The kernels run without the GIL (arguments are converted before, the result after): a
 // prefill's matmuls or a whole decode step must not stop the server's event loop and the
 // other threads for as long as they take. They touch no Python object.
+// A thread's OpenMP team is sized once, on its first parallel call, from torch's process-wide
+// default, and this module keeps its own note of whether that happened (the inline
+// at::internal::lazy_init_num_threads): a thread that sized its team through torch
+// (rag.torch_threads.team_thread) and then, after the default moved, made its first call
+// here was resized to the default. Called while the default is the team's size.
+void init_threads() { at::internal::lazy_init_num_threads(); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = py::call_guard<py::gil_scoped_release>;
   m.def("paged_decode", &paged_decode, "decode attention over paged KV blocks", nogil());
@@ -29,4 +36,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("i8_simd", &i8_simd, "whether i8_linear was built with VNNI or AVX2 (else plain loops)");
   m.def("q8_rows", &q8_rows, "rows of an 8-bit table, dequantized", nogil());
   m.def("decode_layers", &decode_layers, "every decoder layer of a decode step", nogil());
+  m.def("init_threads", &init_threads, "size the calling thread's team as torch's default is");
 }
