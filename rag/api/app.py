@@ -78,8 +78,10 @@ def create_app(
         larger=[(upload[0], upload[1], upload[2] + MULTIPART_OVERHEAD)],
     )
     app.add_middleware(
-        TenantRequests, limit=settings.api.tenant_requests, key_cache=lambda: _key_cache(app)
-    )
+        TenantRequests, limit=settings.api.tenant_requests, key_cache=lambda: _key_cache(app),
+        refusals_per_s=settings.api.advanced.refusals_per_s,
+        probes_per_s=settings.api.advanced.probes_per_s,
+    )  # fmt: skip
     install_metrics(app, settings)  # outermost: times and tags everything inside
     routers = (
         ops, keys, collections, documents, jobs, search, console, ask, openai, conversations,

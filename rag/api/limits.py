@@ -12,12 +12,26 @@ Each request costs the event loop its parsing, routing and key check before it r
 bounded pool, and a burst of hundreds from one tenant (300 long polls at once) held every
 other tenant's requests behind them for as long as that takes. Past the bound, a request is
 answered 429 here, for the price of reading its headers.
+
+It also paces the tenant's refusals: a 429 from further in (a full line for threads, the
+engine's queue) costs the event loop the request's parsing, routing and key check, and a
+client that sends again at once, on each of its 64 connections, got hundreds a second and
+held the loop as long as it liked. Past a second's burst, a tenant's next 429 waits its turn
+(`api.advanced.refusals_per_s`), still counted among its requests in progress; the waiting
+costs nothing, and a client that honours Retry-After never meets it.
+
+Requests outside /v1 need no key (/healthz, /readyz, /metrics, the console): 32 connections
+of /readyz sent back to back held the loop with nothing to count them by. They are paced by
+the client's address instead (`api.advanced.probes_per_s`, far above what a prober or a
+browser sends): past the burst, the next waits its turn before it is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -82,18 +96,48 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class Pace:
+    """When the next of a key's requests (a tenant's refusals, an address's requests without a
+    key) may go on: `per_s` a second, after a burst of as many (the generic cell rate
+    algorithm: one due time per key)."""
+
+    # Keys remembered at most; past it, those whose requests have all gone on are dropped.
+    MAX_KEYS = 4096
+
+    def __init__(self, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = 1.0 / per_s
+        self.burst_s = max(per_s - 1.0, 0.0) * self.interval
+        self.clock = clock
+        self._due: dict[str, float] = {}
+
+    def delay(self, key: str) -> float:
+        """Seconds this request of `key` waits before it goes on; counts it."""
+        now = self.clock()
+        due = max(self._due.get(key, now), now)
+        self._due[key] = due + self.interval
+        if len(self._due) > self.MAX_KEYS:
+            self._due = {k: d for k, d in self._due.items() if d > now}
+        return max(0.0, due - self.burst_s - now)
+
+
 class TenantRequests:
     """Pure ASGI middleware: at most `limit` requests under /v1 of one tenant at once; the
-    next is answered 429 (with Retry-After) before it is read, routed or authenticated.
+    next is answered 429 (with Retry-After) before it is read, routed or authenticated. A 429
+    from inside waits its turn in `pace` before it is sent.
 
     The tenant is known without the database from the key cache (`key_cache()`: a key that
     has resolved here before); a request whose key never has is not counted, and meets the
     key-lookup pool's own bounds instead (rag.api.pools)."""
 
-    def __init__(self, app: ASGIApp, limit: int, key_cache: Callable[[], KeyCache | None]) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, key_cache: Callable[[], KeyCache | None],
+        refusals_per_s: float = 10.0, probes_per_s: float = 200.0,
+    ) -> None:  # fmt: skip
         self.app = app
         self.limit = limit
         self.key_cache = key_cache
+        self.pace = Pace(refusals_per_s)
+        self.probes = Pace(probes_per_s)  # requests outside /v1, by client address
         self.running: dict[str, int] = {}
 
     def tenant(self, scope: Scope) -> str | None:
@@ -107,7 +151,14 @@ class TenantRequests:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         tenant = None
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http":
+            if not scope["path"].startswith("/v1/"):
+                client = scope.get("client")
+                wait = self.probes.delay(client[0] if client else "")
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                await self.app(scope, receive, send)
+                return
             tenant = self.tenant(scope)
         if tenant is None:
             await self.app(scope, receive, send)
@@ -122,8 +173,16 @@ class TenantRequests:
             await _reply(send, 429, "overloaded", message, {b"retry-after": b"1"}, close=close)
             return
         self.running[tenant] = running + 1
+
+        async def paced(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 429:
+                wait = self.pace.delay(tenant)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, paced)
         finally:
             running = self.running[tenant] - 1
             if running:

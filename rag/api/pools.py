@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -39,6 +38,7 @@ import anyio.to_thread
 from rag.api.jobwatch import JobWatch
 from rag.config import ApiSettings
 from rag.errors import Overloaded
+from rag.torch_threads import cpu_count
 
 T = TypeVar("T")
 
@@ -162,7 +162,7 @@ class Pool:
 class Pools:
     def __init__(self, settings: ApiSettings) -> None:
         queue, mine = settings.advanced.thread_queue, settings.advanced.tenant_queue
-        share = settings.advanced.tenant_threads or max(2, (os.cpu_count() or 2) // 2)
+        share = settings.advanced.tenant_threads or max(1, cpu_count() // 2)
         self.search = Pool("search", settings.advanced.search_threads, queue, mine, share)
         self.db = Pool("database", settings.advanced.db_threads, queue, mine, share)
         # Lines by key prefix, unknown keys in one (rag.auth.KeyCache.line_of): no line takes

@@ -115,6 +115,12 @@ _LINES = {
     "api.advanced.tenant_queue": (
         "Requests of one tenant that may wait for those threads (then 429)."
     ),
+    "api.advanced.refusals_per_s": (
+        "A tenant's 429s answered a second (after a burst of as many); the next waits its turn."
+    ),
+    "api.advanced.probes_per_s": (
+        "Requests outside /v1 (no key) from one address a second; the next waits its turn."
+    ),
     "api.advanced.long_poll_first_s": "A long poll looks at its job first after this long.",
     "api.advanced.long_poll_every_s": "Then less often (x1.5 a time), at least this often.",
     "api.advanced.keep_alive_s": "How long an idle keep-alive connection stays open.",

@@ -139,8 +139,14 @@ class ApiAdvanced(Section):
     tenant_queue: int = Field(16, ge=0, le=100_000)
     # Of the search and database threads, how many one tenant's requests may hold at once
     # (the others wait in its line): a tenant's flood then shares the cores with at most this
-    # many of its own. None: half the CPU cores, at least 2.
+    # many of its own. None: half the CPU cores, at least 1.
     tenant_threads: int | None = Field(None, ge=1, le=1024)
+    # A tenant's 429s from its lines answered at most this many a second, after a burst of
+    # as many; the next waits its turn, still one of its requests in progress (rag.api.limits).
+    refusals_per_s: float = Field(10.0, gt=0, le=1_000_000)
+    # Requests outside /v1 (no key: probes, /metrics, the console) from one client address
+    # answered at most this many a second, after a burst of as many; the next waits its turn.
+    probes_per_s: float = Field(200.0, gt=0, le=1_000_000)
     # How often a long poll looks at its job: first after `long_poll_first_s`, then less
     # and less often (x1.5 a time) up to `long_poll_every_s`.
     long_poll_first_s: float = Field(0.1, gt=0)
