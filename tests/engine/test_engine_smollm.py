@@ -169,3 +169,53 @@ def test_markers_the_real_model_writes_point_to_passages_it_was_given(smollm):
     assert "[7]" in free  # the test would catch a mask that does nothing
     numbers = [int(n) for m in re.findall(r"\[([\d, ]+)\]", masked) for n in m.split(",")]
     assert numbers and all(n in (1, 2) for n in numbers), masked
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_the_step_thread_keeps_the_team_it_was_given(smollm, init):
+    """`threads: 1` sizes the step thread's team alone (the default stays the process's), and
+    it stays so through the compiled kernels: their own inline start of torch's threads resized
+    it to the default at the first step until the engine called their init_threads."""
+    import torch
+
+    from rag.engine.build import assemble
+    from rag.engine.kernels import kernels
+    from rag.torch_threads import in_passing_thread
+
+    compiled = kernels()
+    if compiled is None:
+        if os.environ.get("CI"):
+            pytest.fail("the engine kernels did not build (see the log)")
+        pytest.skip("the engine kernels could not be built here")
+    settings = EngineSettings(
+        device="cpu", threads=1, max_num_batched_tokens=64, passage_cache_mb=0,
+        advanced=EngineAdvanced(dtype="float32", weights="float32", num_kv_blocks=64,
+                                fused_decode=False),
+    )  # fmt: skip
+    # The fixture's model, with a KV cache and a step thread of this engine's own.
+    engine = assemble(
+        smollm.runner.model, smollm.tokenizer, smollm.eos_token_ids, settings, compiled
+    )
+    if not init:
+        engine._init_threads = None
+    teams: list[int] = []
+    step = engine._step
+
+    def watched():  # type: ignore[no-untyped-def]
+        out = step()
+        teams.append(torch.get_num_threads())  # on the step thread
+        return out
+
+    engine._step = watched
+    default = in_passing_thread(torch.get_num_threads)
+    in_passing_thread(lambda: torch.set_num_threads(2))
+    try:
+        asyncio.run(run_all(engine, PROMPTS[:1], max_tokens=2))
+        assert in_passing_thread(torch.get_num_threads) == 2  # the default is left as it was
+    finally:
+        engine.close()
+        in_passing_thread(lambda: torch.set_num_threads(default))
+    if init:
+        assert teams and set(teams) == {1}, teams
+    else:  # resized at the step that first called the kernels (the decode's)
+        assert 2 in teams, teams
