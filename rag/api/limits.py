@@ -101,7 +101,8 @@ class Pace:
     key) may go on: `per_s` a second, after a burst of as many (the generic cell rate
     algorithm: one due time per key)."""
 
-    # Keys remembered at most; past it, those whose requests have all gone on are dropped.
+    # Keys remembered before those whose requests have all gone on are dropped; the next drop
+    # waits for twice as many as a drop kept, so that many live keys are not read each time.
     MAX_KEYS = 4096
 
     def __init__(self, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -109,14 +110,16 @@ class Pace:
         self.burst_s = max(per_s - 1.0, 0.0) * self.interval
         self.clock = clock
         self._due: dict[str, float] = {}
+        self._drop_at = self.MAX_KEYS
 
     def delay(self, key: str) -> float:
         """Seconds this request of `key` waits before it goes on; counts it."""
         now = self.clock()
         due = max(self._due.get(key, now), now)
         self._due[key] = due + self.interval
-        if len(self._due) > self.MAX_KEYS:
+        if len(self._due) > self._drop_at:
             self._due = {k: d for k, d in self._due.items() if d > now}
+            self._drop_at = max(self.MAX_KEYS, 2 * len(self._due))
         return max(0.0, due - self.burst_s - now)
 
 

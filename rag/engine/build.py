@@ -95,7 +95,6 @@ def build_local_engine(settings: EngineSettings) -> Engine:
 
 
 def _load(settings: EngineSettings) -> Engine:
-
     from rag.engine.kernels import kernels
     from rag.engine.loader import load_model
 

@@ -76,6 +76,17 @@ def test_refusals_past_a_seconds_burst_wait_their_turn() -> None:
     assert round(pace.delay("a"), 6) == 0.25
 
 
+def test_a_pace_forgets_keys_whose_requests_have_gone_on() -> None:
+    now = [0.0]
+    pace = Pace(10.0, clock=lambda: now[0])
+    for i in range(Pace.MAX_KEYS):
+        pace.delay(f"address {i}")
+    assert len(pace._due) == Pace.MAX_KEYS  # kept up to the bound
+    now[0] = 5.0  # every one's turn has passed
+    assert pace.delay("a new address") == 0.0  # past the bound: the others are dropped
+    assert set(pace._due) == {"a new address"}
+
+
 def test_a_tenants_refusals_are_paced_and_anothers_are_not(
     make_api: Callable[..., Api], sqlite_url: str, hash_embedder: Embedder
 ) -> None:

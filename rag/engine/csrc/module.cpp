@@ -16,9 +16,6 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
                             std::vector<torch::Tensor> layers, int64_t bits, int64_t group,
                             int64_t H, int64_t Hkv, int64_t D, double eps, double scale);
 
-// The kernels run without the GIL (arguments are converted before, the result after): a
-// prefill's matmuls or a whole decode step must not stop the server's event loop and the
-// other threads for as long as they take. They touch no Python object.
 // A thread's OpenMP team is sized once, on its first parallel call, from torch's process-wide
 // default, and this module keeps its own note of whether that happened (the inline
 // at::internal::lazy_init_num_threads): a thread that sized its team through torch
@@ -26,6 +23,9 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
 // here was resized to the default. Called while the default is the team's size.
 void init_threads() { at::internal::lazy_init_num_threads(); }
 
+// The kernels run without the GIL (arguments are converted before, the result after): a
+// prefill's matmuls or a whole decode step must not stop the server's event loop and the
+// other threads for as long as they take. They touch no Python object.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = py::call_guard<py::gil_scoped_release>;
   m.def("paged_decode", &paged_decode, "decode attention over paged KV blocks", nogil());
