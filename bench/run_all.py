@@ -36,7 +36,9 @@ README = BENCH / "README.md"
 # A figure's name and value; words after the value (a standard error) stay in the output only.
 FIGURE = re.compile(r"^FIGURE\s+(\S+)\s+(\S+)(\s.*)?$")
 FIGURE_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \|$", re.MULTILINE)
-NOT_RUN = ("run_all.py", "generate.py")
+# Tools rather than benchmarks: no figures, and evidence.py and train_evidence.py need a data
+# dir `answers.py --keep` left.
+NOT_RUN = ("run_all.py", "generate.py", "evidence.py", "train_evidence.py")
 GPU_ONLY = ("gpu_check",)
 
 
