@@ -135,6 +135,27 @@ def wiki_filename(d: dict[str, str]) -> str:
     return re.sub(r"[^\w\s().,'-]", "_", d["title"])[:180] + ".txt"
 
 
+SETS = ("wiki", "company", "wiki2", "company2")
+LISTINGS = {"wiki": "wiki_collection.txt", "wiki2": "wiki2_collection.txt"}
+
+
+def questions_of(
+    sets: Sequence[str], every: int = 1, wiki: list[dict[str, str]] | None = None
+) -> list[Question]:
+    """The questions of the sets named, in the order of SETS, thinned to every `every`-th;
+    `wiki`: wiki's documents, when the caller has read them already."""
+    out: list[Question] = []
+    for s in SETS:
+        if s not in sets:
+            continue
+        names = None
+        if s in LISTINGS:
+            docs = wiki if s == "wiki" and wiki is not None else wiki_docs(LISTINGS[s])
+            names = {d["_id"]: wiki_filename(d) for d in docs}
+        out += thin(load_questions(HERE / "qa" / f"{s}_factual.jsonl", s, names), every)
+    return out
+
+
 def thin(questions: list[Question], every: int) -> list[Question]:
     """Every `every`-th question of each half, answerable and not, in file order."""
     out = []
@@ -416,21 +437,7 @@ def main() -> None:
     configs = args.configs.split(",")
 
     docs = wiki_docs()
-    by_id = {d["_id"]: wiki_filename(d) for d in docs}
-    questions: list[Question] = []
-    if "wiki" in sets:
-        questions += thin(load_questions(HERE / "qa" / "wiki_factual.jsonl", "wiki", by_id), every)
-    if "company" in sets:
-        questions += thin(load_questions(HERE / "qa" / "company_factual.jsonl", "company", None),
-                          every)  # fmt: skip
-    if "wiki2" in sets:
-        names = {d["_id"]: wiki_filename(d) for d in wiki_docs("wiki2_collection.txt")}
-        questions += thin(load_questions(HERE / "qa" / "wiki2_factual.jsonl", "wiki2", names),
-                          every)  # fmt: skip
-    if "company2" in sets:
-        questions += thin(
-            load_questions(HERE / "qa" / "company2_factual.jsonl", "company2", None), every
-        )
+    questions = questions_of(sets, every, docs)
 
     tmp = tempfile.TemporaryDirectory()
     data_dir = Path(args.keep or tmp.name)

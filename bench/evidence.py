@@ -31,44 +31,27 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub
 sys.path.insert(0, str(HERE))
 
-from answers import (  # noqa: E402
-    Question,
-    holds,
-    load_questions,
-    thin,
-    wiki_docs,
-    wiki_filename,
-)
+from answers import SETS, holds, questions_of  # noqa: E402
 
+from rag.answer.ask import _choice  # noqa: E402
 from rag.answer.evidence import UNSEEN_KIND  # noqa: E402
-
-SETS = ("wiki", "company", "wiki2", "company2")
-
-
-def questions_of(sets: Sequence[str], every: int = 1) -> list[Question]:
-    out: list[Question] = []
-    for s in sets:
-        names = None
-        if s in ("wiki", "wiki2"):
-            listing = "wiki_collection.txt" if s == "wiki" else "wiki2_collection.txt"
-            names = {d["_id"]: wiki_filename(d) for d in wiki_docs(listing)}
-        out += thin(load_questions(HERE / "qa" / f"{s}_factual.jsonl", s, names), every)
-    return out
-
+from rag.answer.extract import extract  # noqa: E402
+from rag.answer.units import Head  # noqa: E402
+from rag.config import AskSettings, Settings  # noqa: E402
+from rag.retrieve import Passage  # noqa: E402
 
 # ---------------------------------------------------------------- passages
 
 
 def passages(data_dir: Path, out: Path, sets: Sequence[str]) -> None:
     os.environ["RAG_DATA_DIR"] = str(data_dir)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sqlalchemy import text
 
     from rag.answer.ask import _relevance, _table_heads
     from rag.answer.units import starts_in_table
-    from rag.config import Settings
     from rag.knobs import Knobs
     from rag.services import build_services
 
@@ -146,7 +129,6 @@ def merged(model: Any, folder: Path) -> Any:
 
 
 def encoder(adapter: str | None) -> Callable[[list[str]], np.ndarray]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
     from rag.embed.sentence import bundled_minilm_path
@@ -161,29 +143,24 @@ def encoder(adapter: str | None) -> Callable[[list[str]], np.ndarray]:
     return embed
 
 
+def heads_of(row: dict[str, Any]) -> list[Head | None] | None:
+    """The table heads `passages` wrote for the row's passages, as the ask path has them."""
+    if row["heads"] is None:
+        return None
+    return [None if h is None else Head(row=h["row"], cut=h["cut"]) for h in row["heads"]]
+
+
 def answer(
     row: dict[str, Any],
     embed: Callable[[list[str]], np.ndarray] | None,
+    ask: AskSettings,
     floors: Sequence[tuple[float, float]] = (),
 ) -> list[tuple[str, str]]:
     """(answer_source, answer) of the extractive mode over the row's passages: with the
     settings' floors, or with each (min_similarity, unseen kind's cosine) of `floors`."""
-    from rag.answer.ask import _choice
-    from rag.answer.extract import extract
-    from rag.answer.units import Head
-    from rag.config import Settings
-    from rag.retrieve import Passage
-
-    settings = _settings(Settings)
     given = [Passage(metadata={}, **p) for p in row["passages"]]
-    ask = settings.ask
     floors = floors or [(ask.min_similarity, UNSEEN_KIND)]
-    if not given:
-        return [("refused", "")] * len(floors)
-    heads = None
-    if row["heads"] is not None:
-        heads = [None if h is None else _head(Head, h) for h in row["heads"]]
-    choice = _choice(row["question"], given, embed, heads)
+    choice = _choice(row["question"], given, embed, heads_of(row)) if given else None
     if choice is None:
         return [("refused", "")] * len(floors)
     got = extract(given, choice, max_sentences=ask.extract_sentences,
@@ -196,25 +173,13 @@ def answer(
     ]
 
 
-_SETTINGS: list[Any] = []
-
-
-def _settings(cls: Any) -> Any:
-    if not _SETTINGS:
-        _SETTINGS.append(cls())
-    return _SETTINGS[0]
-
-
-def _head(cls: Any, h: dict[str, Any]) -> Any:
-    return cls(row=h["row"], cut=h["cut"])
-
-
 def replay(
     rows: list[dict[str, Any]],
     embed: Callable[[list[str]], np.ndarray] | None,
     floors: Sequence[tuple[float, float]] = (),
 ) -> None:
-    answers = [answer(row, embed, floors) for row in rows]
+    ask = Settings().ask
+    answers = [answer(row, embed, ask, floors) for row in rows]
     for n, floor in enumerate(floors or [None]):
         if floor is not None:
             print(f"\nmin_similarity {floor[0]}, an unseen kind's cosine {floor[1]}:\n")

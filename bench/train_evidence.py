@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from answers import stands  # noqa: E402
-from evidence import load  # noqa: E402
+from evidence import heads_of, load  # noqa: E402
 
 
 def examples(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str, Any]]:
@@ -45,7 +45,7 @@ def examples(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str
     from rag.answer.cite import terms
     from rag.answer.evidence import _body, _described, _title, _without
     from rag.answer.question import question_names
-    from rag.answer.units import Head, units
+    from rag.answer.units import units
 
     rng = random.Random(seed)
     out = []
@@ -54,10 +54,9 @@ def examples(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str
         wanted = terms(question)
         names = question_names(question) & wanted if wanted else question_names(question)
         titles = [p["filename"] for p in row["passages"]]
-        heads = row["heads"] or [None] * len(row["passages"])
+        heads = heads_of(row) or [None] * len(row["passages"])
         full, gist, label = [], [], []
-        for i, p in enumerate(row["passages"]):
-            head = None if heads[i] is None else Head(row=heads[i]["row"], cut=heads[i]["cut"])
+        for i, (p, head) in enumerate(zip(row["passages"], heads, strict=True)):
             title = _title(titles, i)
             named = terms(title)
             for u in units(p["text"], starts_document=p["start_char"] == 0, head=head):
@@ -77,7 +76,7 @@ def examples(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str
         out.append({
             "question": question, "asked": _without(question, names),
             "full": [full[n] for n in keep], "gist": [gist[n] for n in keep],
-            "label": [label[n] for n in keep], "answerable": bool(row["answers"]),
+            "label": [label[n] for n in keep],
         })  # fmt: skip
     return out
 
@@ -88,11 +87,11 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--sets", default="wiki,company,wiki2,company2")
     ap.add_argument("--halves", default="a", help="a, b or a,b")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--units", type=int, default=24, help="units a question, at most")
-    ap.add_argument("--max-length", type=int, default=128, help="tokens a text, at most")
+    ap.add_argument("--units", type=int, default=12, help="units a question, at most")
+    ap.add_argument("--max-length", type=int, default=64, help="tokens a text, at most")
     ap.add_argument("--floor", type=float, default=0.45, help="the refusal floor's cosine")
     ap.add_argument("--scale", type=float, default=20.0, help="the softmax's inverse temperature")
     ap.add_argument("--seed", type=int, default=0)
