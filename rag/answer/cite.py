@@ -111,6 +111,8 @@ def terms(text: str) -> set[str]:
         out.add(stem(w))
     if any(c.isdigit() for c in text):
         out |= _code_ranges(text)
+    if _DAYS_HINT.search(text):
+        out |= _day_ranges(text)
     return out
 
 
@@ -140,6 +142,34 @@ def _code_ranges(text: str) -> set[str]:
         if low < high < low + RANGE_MAX:
             out.update(f"{prefix}{n}" for n in range(low, high + 1))
     return out
+
+
+_DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_DAY = r"(?:mon|tues?|wed(?:nes)?|thu(?:rs?)?|fri|sat(?:ur)?|sun)(?:day)?"
+_DAYS_HINT = re.compile(r"(?i:week|day\b|\b(?:mon|tue|wed|thu|fri|sat|sun)\b)")
+# "Monday to Friday", "Mon–Fri", "weekdays", "at weekends": the days each stands for.
+_DAY_RANGE = re.compile(
+    rf"\b(?i:(?P<low>{_DAY})\s{{0,3}}(?:[\u2013\u2014-]|to|until|through|thru)\s{{0,3}}"
+    rf"(?P<high>{_DAY})|(?P<week>week(?:day|end)s?))\b"
+)
+
+
+def _day_ranges(text: str) -> set[str]:
+    out: set[str] = set()
+    days: tuple[str, ...]
+    for m in _DAY_RANGE.finditer(text):
+        if m["week"]:
+            days = _DAYS[:5] if "day" in m["week"].lower() else _DAYS[5:]
+        else:
+            low, high = (_day_index(m[g]) for g in ("low", "high"))
+            days = tuple(_DAYS[(low + n) % 7] for n in range((high - low) % 7 + 1))
+        out.update(stem(d) for d in days)
+    return out
+
+
+def _day_index(word: str) -> int:
+    w = word.lower()
+    return next(n for n, d in enumerate(_DAYS) if w[:3] == d[:3])
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")

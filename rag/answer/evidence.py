@@ -43,9 +43,11 @@ from rag.answer.question import (
     Ask,
     ask_of,
     asks_clock,
+    asks_often,
     candidates,
     clock,
     counted,
+    frequencies,
     question_names,
 )
 from rag.answer.units import Head, Unit, units
@@ -171,7 +173,10 @@ def choose(
     names = question_names(question) & wanted if wanted else question_names(question)
     ask = ask_of(question)
     unit_of = counted(question) if ask is Ask.NUMBER else None
-    at_clock = ask is Ask.TIME and asks_clock(question)
+    # What narrows the kind asked: a time of day ("At what times ..."), a frequency ("How
+    # often ...").
+    how = "clock" if ask is Ask.TIME and asks_clock(question) else ""
+    how = "often" if ask is Ask.NUMBER and asks_often(question) else how
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
@@ -184,7 +189,7 @@ def choose(
         head = heads[i] if heads is not None and i < len(heads) else None
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of, at_clock)  # fmt: skip
+                       unit_of, how)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -211,7 +216,7 @@ def choose(
                 s.similarity = max(s.similarity or 0.0, float(cosine))
         best = max(shortlist, key=lambda s: (s.names, s.score))
         if best.unit.cells:
-            _by_meaning(question, wanted, passages[best.passage].text, best, ask, similar)
+            _by_meaning(question, wanted, passages[best.passage].text, best, ask, similar, how)
     others = sorted((s for s in every if s.passage == best.passage and s is not best),
                     key=lambda s: -s.score)  # fmt: skip
     return Choice(
@@ -263,7 +268,7 @@ def _score(
     weights: Weights,
     prior: float,
     unit_of: str | None = None,
-    at_clock: bool = False,
+    how: str = "",
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -280,18 +285,27 @@ def _score(
         if len(columns) > 1 and _named(u, columns):
             # Several columns the question may mean: the first holding what it asks for, until
             # the cosine decides (choose, for the chosen row).
-            columns = [n for n in columns if _holds(text, u.cells[n], ask)] or columns
+            columns = [n for n in columns if _holds(text, u.cells[n], ask, how)] or columns
+        elif how and columns and not any(_holds(text, u.cells[n], ask, how) for n in columns):
+            # The column the question's words name ("Maintenance window") does not say how
+            # often or at what time; the one column that does answers.
+            holding = [n for n in range(1, len(u.cells)) if _holds(text, u.cells[n], ask, how)]
+            columns = holding if len(holding) == 1 else columns
         single = len(columns) == 1 or not u.cells[2:]
         cell = u.cells[columns[0]] if columns and (single or _named(u, columns)) else None
-        found = ask is Ask.OTHER or (cell is not None and _holds(text, cell, ask))
+        found = ask is Ask.OTHER or (cell is not None and _holds(text, cell, ask, how))
         if cell is not None:
             focus, focus_text = cell, _cell_text(text, u, cell)
     else:
         hits = candidates(body, ask, wanted)
         found = bool(hits) or ask is Ask.OTHER  # no kind asked: any relevant unit may answer
-        if at_clock:
+        if how == "clock":
             # "At what times ...": a time of day answers, not a weekday or a date.
             hits = [h for h in hits if clock(body[h[0] : h[1]])]
+            found = bool(hits)
+        elif how == "often":
+            # "How often ...": "every 6 hours" answers, not "90 days" or "at 01:00".
+            hits = frequencies(body)
             found = bool(hits)
         if unit_of is not None and unit_of not in own:
             found = False  # "how many pages": a number, but none of pages
@@ -344,6 +358,7 @@ def _by_meaning(
     s: _Scored,
     ask: Ask,
     similar: Callable[[str, list[str]], Sequence[float]],
+    how: str = "",
 ) -> None:
     """When the question's words name no one column of the chosen row ("If I pay month by
     month, ..." against "Annual billing" and "Monthly billing"), the column whose header is
@@ -352,14 +367,24 @@ def _by_meaning(
     columns = _columns(u, wanted)
     if len(columns) < 2 or not _named(u, columns):
         return
+    columns = [n for n in columns if _holds(text, u.cells[n], ask, how)] or columns
+    if len(columns) < 2:
+        return
     cosines = similar(question, [u.header[n] for n in columns])
     cell = u.cells[columns[max(range(len(columns)), key=lambda k: cosines[k])]]
     s.focus, s.focus_text = cell, _cell_text(text, u, cell)
-    s.kind = ask is Ask.OTHER or _holds(text, cell, ask)
+    s.kind = ask is Ask.OTHER or _holds(text, cell, ask, how)
 
 
-def _holds(text: str, cell: tuple[int, int], ask: Ask) -> bool:
-    return bool(candidates(text[cell[0] : cell[1]], ask, set()))
+def _holds(text: str, cell: tuple[int, int], ask: Ask, how: str = "") -> bool:
+    """Whether the cell holds what the question asks for (`how`: see choose)."""
+    said = text[cell[0] : cell[1]]
+    if how == "often":
+        return bool(frequencies(said))
+    hits = candidates(said, ask, set())
+    if how == "clock":
+        return any(clock(said[a:b]) for a, b in hits)
+    return bool(hits)
 
 
 _CLAUSE_END = re.compile(r"[;\t]\s*|,\s+|\s+(?:and|or|while|whereas|but)\s+")
@@ -404,6 +429,16 @@ def _appositive(body: str, s: int, e: int, hits: list[tuple[int, int]], names: s
     return len(WORD.findall(rest)) <= 2 and not terms(rest) & names
 
 
+def _names_another(body: str, s: int, e: int, hits: list[tuple[int, int]]) -> bool:
+    """Whether the clause [s, e) holds a capitalised word of its own (not an answer
+    candidate, not the start of `body`): a subject other than the sentence's."""
+    return any(
+        m.group(0)[:1].isupper() and s + m.start() > 0
+        and not any(a <= s + m.start() < b for a, b in hits)
+        for m in WORD.finditer(body[s:e])
+    )  # fmt: skip
+
+
 def _counts(body: str, hit: tuple[int, int], unit: str) -> bool:
     """Whether the number at `hit` may count `unit` (stemmed): the unit follows within two
     words, or nothing does ("Business accounts 6 and Enterprise accounts 20"), where another
@@ -442,10 +477,17 @@ def _clause(
             clauses.append((s, e))
     scored = []
     rest = 0  # the most of the question's names a clause without a candidate holds
+    subject: set[str] | None = None  # the question's names the first clause holds
     for s, e in clauses:
         if e <= s:
             continue
         own = terms(body[s:e])
+        if subject is None:
+            subject = own & names
+        elif not own & names and not _names_another(body, s, e, hits):
+            # "MFA has been compulsory for all staff since 1 March 2024 and for all students
+            # since 1 September 2024": a clause that names nothing is about the subject.
+            own |= subject
         if not any(s <= a < e for a, _ in hits):
             rest = max(rest, len(own & names))
             continue

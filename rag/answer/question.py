@@ -94,6 +94,8 @@ def ask_of(question: str) -> Ask:
     when ..." asks for a number, not a time)."""
     text = " ".join(w.lower() for w in WORD.findall(question))
     text = re.sub(r"\b(what|which|who|where|when|how)'s\b", r"\1 is", text)
+    if _CLOCK_ASKED.search(text):
+        return Ask.TIME  # "What are the opening hours ...?"
     found = [(m.start(), n, m) for n, (rx, _) in enumerate(_ASKS) if (m := rx.search(text))]
     if not found:
         return Ask.OTHER
@@ -141,6 +143,31 @@ def asks_clock(question: str) -> bool:
     return _CLOCK_ASKED.search(" ".join(w.lower() for w in WORD.findall(question))) is not None
 
 
+_OFTEN_ASKED = re.compile(
+    r"\bhow (?:often|frequently)\b|\b(?:what|which|at what) (?:interval|frequency)\b"
+)
+# "every 6 hours", "every other week", "daily", "twice a year", "3 times per month". Bounded
+# repeats only.
+_FREQUENCY = re.compile(
+    r"\b(?:(?:every|each)\s+(?:[^\W_]+\s+){0,2}?(?:second|minute|hour|day|night|week|"
+    r"fortnight|month|quarter|year|(?:business|working)\s+day)s?"
+    r"|hourly|daily|nightly|weekly|fortnightly|biweekly|monthly|quarterly|yearly|annually"
+    r"|(?:once|twice|thrice|[^\W_]+\s+times)\s+(?:a|an|per|every|each))\b",
+    re.IGNORECASE,
+)
+
+
+def asks_often(question: str) -> bool:
+    """Whether a question asks how often something happens ("How often are keys rotated?"):
+    a frequency answers it, not any number."""
+    return _OFTEN_ASKED.search(" ".join(w.lower() for w in WORD.findall(question))) is not None
+
+
+def frequencies(text: str) -> list[tuple[int, int]]:
+    """[start, end) of each frequency `text` states ("every two weeks", "daily")."""
+    return [m.span() for m in _FREQUENCY.finditer(text)]
+
+
 def clock(word: str) -> bool:
     """Whether `word` says a time of day ("09:30", "noon")."""
     return _CLOCK.fullmatch(word) is not None or word.lower() in _DAYTIME
@@ -176,6 +203,7 @@ def question_names(question: str) -> set[str]:
 
 
 _PLAIN_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_DAYTIME_ASKED = re.compile(r"\d{1,2}(?:[:.]\d{2})?(?:am|pm)", re.IGNORECASE)
 _MEASURES = frozenset(
     """percent day days week weeks month months year years hour hours minute minutes night
     nights km kg gb tb mb""".split()
@@ -186,6 +214,8 @@ def _amount(question: str, m: re.Match[str]) -> bool:
     """Whether the number at `m` is an amount the question poses ("receipts from 70 days
     ago", "a £700 course", "uptime of 97%"): a condition the document states as a range or a
     rule, not a name it must repeat."""
+    if _DAYTIME_ASKED.fullmatch(m.group(0)) or _CLOCK.fullmatch(m.group(0)):
+        return True  # "after 8pm", "at 20:00": the document states hours as a range
     if not _PLAIN_NUMBER.fullmatch(m.group(0)):
         return False
     before = question[max(0, m.start() - 2) : m.start()].strip()

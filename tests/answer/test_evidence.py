@@ -17,7 +17,7 @@ from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.cite import terms
 from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
-from rag.answer.question import asks_clock, question_names
+from rag.answer.question import asks_clock, asks_often, frequencies, question_names
 from rag.answer.segment import sentence_spans
 from rag.answer.units import HEAD_LOOKBACK, table_head, units
 from rag.db import documents
@@ -918,3 +918,72 @@ def test_ask_reads_a_table_row_by_the_header_its_chunk_lost(
         tenant = session.get(Document, doc).tenant_id
         assert documents.text_before(session, tenant, doc, 40, 100) == SUPPORT[:40]
         assert documents.text_before(session, "another-tenant", doc, 40, 100) == ""
+
+
+def test_how_often_is_answered_by_a_frequency_not_any_number() -> None:
+    assert asks_often("How often are the logs archived?")
+    assert asks_often("How frequently does the bus run?") and not asks_often("How long?")
+    spans = frequencies("Backups run daily; keys rotate every 90 days, twice a year a drill.")
+    assert len(spans) == 3 and not frequencies("Logs are kept for 30 days.")
+    logs = ["Logs are kept for 30 days in the archive.",
+            "Logs are moved to the archive every 12 hours."]  # fmt: skip
+    choice, said = _choose("How often are logs moved to the archive?", logs)
+    assert said == logs[1] and choice.kind_found
+    # A row's column the question names ("maintenance window") says when, not how often.
+    windows = _table(
+        "System | Maintenance window | Frequency | Downtime",
+        "Billing | Sunday 01:00–02:00 | Every three weeks | Up to 10 minutes",
+    )
+    assert _focus("How often does Billing get a maintenance window?", windows) == (
+        "Billing, Frequency: Every three weeks"
+    )
+
+
+def _table(*rows: str) -> str:
+    """A markdown table of `rows` ("a | b | c"), the first its header."""
+    rule = "|".join("---" for _ in rows[0].split("|"))
+    return (
+        "".join(f"| {row} |\n" for row in rows[:1])
+        + f"|{rule}|\n"
+        + "".join(f"| {row} |\n" for row in rows[1:])
+    )
+
+
+def _focus(question: str, text: str) -> str | None:
+    choice = choose(question, [P(text)])
+    return None if choice is None else choice.focus_text
+
+
+def test_a_weekday_is_held_by_the_range_of_days_that_covers_it() -> None:
+    assert {"tuesda", "wednes"} <= terms("Monday to Friday, 20:00 to 07:00")
+    assert {"saturd", "sunday"} <= terms("It is closed at weekends.")
+    assert "saturd" not in terms("Mon–Fri") and "thursd" in terms("Mon–Fri")
+    # A time of day the question poses is a condition, not a name a passage must repeat.
+    assert question_names("What's the rate after 8pm on a Wednesday?") == {"wednes"}
+    rates = ["Overtime rates:\nMonday to Friday, 20:00 to 07:00: 1.5x the hourly rate.",
+             "Sunday: 2x the hourly rate."]  # fmt: skip
+    choice, said = _choose("What's the overtime rate after 8pm on a Wednesday?", rates)
+    assert choice.names_found and said.startswith("Monday to Friday")
+
+
+def test_a_question_for_opening_hours_is_answered_by_a_time_of_day() -> None:
+    assert ask_of("What are the opening hours of the Oslo office?") is Ask.TIME
+    offices = _table("Office | Team day | Hours", "Oslo | Tuesday | 08:00 to 16:00",
+                     "Bergen | Friday | 09:00 to 17:00")  # fmt: skip
+    assert _focus("Until what time is the Oslo office open?", offices) == (
+        "Oslo, Hours: 08:00 to 16:00"
+    )
+
+
+def test_a_clause_that_names_nothing_is_about_the_sentences_subject() -> None:
+    vpn = ("The VPN has been required for all staff since 1 May 2023 and for all contractors "
+           "since 1 February 2024.")  # fmt: skip
+    choice = choose("Since when have contractors had to use the VPN?", [P(vpn)])
+    assert choice is not None
+    assert choice.focus_text == "for all contractors since 1 February 2024."
+    choice = choose("Since when has staff had to use the VPN?", [P(vpn)])
+    assert choice is not None and choice.focus_text.endswith("staff since 1 May 2023")
+    # A clause with a subject of its own keeps it; one after another's does not take it.
+    plans = "The Starter plan costs £16 or $21, and the Business plan costs £42 or $54."
+    choice = choose("How much is the Business plan in pounds?", [P(plans)])
+    assert choice is not None and choice.focus_text.endswith("the Business plan costs £42")
