@@ -171,6 +171,7 @@ def choose(
     the header of the table each passage starts inside, if any (rag.answer.units)."""
     wanted = terms(question)
     names = question_names(question) & wanted if wanted else question_names(question)
+    kin = _kin(question, names)
     ask = ask_of(question)
     unit_of = counted(question) if ask is Ask.NUMBER else None
     # What narrows the kind asked: a time of day ("At what times ..."), a frequency ("How
@@ -189,7 +190,7 @@ def choose(
         head = heads[i] if heads is not None and i < len(heads) else None
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of, how)  # fmt: skip
+                       unit_of, how, kin)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -269,6 +270,7 @@ def _score(
     prior: float,
     unit_of: str | None = None,
     how: str = "",
+    kin: dict[str, tuple[str, str]] | None = None,
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -278,7 +280,12 @@ def _score(
     own_share = sum(weight[t] for t in wanted & own) / total
     share = own_share + weights.context * sum(weight[t] for t in (wanted & context) - own) / total
     names_in_unit = names <= own
-    names_found = names <= (own | context)
+    missing = names - own - context
+    if missing and kin:
+        # "Scottish" is named by "Scotland", "MoMA" by "Museum of Modern Art".
+        said = " ".join((body, u.heading, u.subject, u.lead))
+        missing = {n for n in missing if n not in kin or not _called(kin[n], said)}
+    names_found = not missing
     focus, focus_text = None, ""
     if u.cells:
         columns = _columns(u, wanted)
@@ -330,6 +337,38 @@ def _score(
     )
     return _Scored(passage, u, score, share, own_share, names_found, found, predicate, focus,
                    None, focus_text)  # fmt: skip
+
+
+_DEMONYM = re.compile(r"[A-Z][a-z]{3,}(?:ish|ese|ian|an|ic)")
+_ACRONYM = re.compile(r"[A-Z][A-Za-z]{1,5}")
+_CAPITALISED = re.compile(r"[A-Z][^\W\d_]*")
+
+
+def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
+    """The question's names another word may stand for, by their term: a people's adjective
+    by its country ("Scottish": a capitalised word starting "Scot"), an acronym by the
+    capitalised words it takes its capitals from ("MoMA": "Museum of Modern Art")."""
+    out = {}
+    for m in WORD.finditer(question):
+        w = m.group(0)
+        n = stem(w.lower())
+        if n not in names:
+            continue
+        if _DEMONYM.fullmatch(w):
+            out[n] = ("prefix", w[:4].lower())
+        elif _ACRONYM.fullmatch(w) and sum(c.isupper() for c in w) >= 3:
+            out[n] = ("initials", "".join(c for c in w if c.isupper()))
+    return out
+
+
+def _called(kin: tuple[str, str], text: str) -> bool:
+    how, key = kin
+    if how == "prefix":
+        return any(w.lower().startswith(key) for w in _CAPITALISED.findall(text))
+    # The initials of each run of capitalised words, function words skipped within it.
+    words = [w for w in WORD.findall(text) if w.lower() not in STOP]
+    initials = "".join(w[0] if w[0].isupper() else " " for w in words)
+    return any(key in run for run in initials.split())
 
 
 def _columns(u: Unit, wanted: set[str]) -> list[int]:

@@ -987,3 +987,16 @@ def test_a_clause_that_names_nothing_is_about_the_sentences_subject() -> None:
     plans = "The Starter plan costs £16 or $21, and the Business plan costs £42 or $54."
     choice = choose("How much is the Business plan in pounds?", [P(plans)])
     assert choice is not None and choice.focus_text.endswith("the Business plan costs £42")
+
+
+def test_a_peoples_adjective_or_an_acronym_is_named_by_what_it_stands_for() -> None:
+    fjord = ["The ferry calls at the village of Balestrand in Norway every morning."]
+    choice, _ = _choose("Which Norwegian village does the ferry call at?", fjord)
+    assert choice.names_found
+    choice, _ = _choose("Which Danish village does the ferry call at?", fjord)
+    assert not choice.names_found
+    gallery = ["It has hung in the National Portrait Gallery in London since 1898."]
+    choice, _ = _choose("Since when has the NPG had the portrait?", gallery)
+    assert choice.names_found and choice.answerable(0.0)
+    choice, _ = _choose("Since when has the NGA had the portrait?", gallery)
+    assert not choice.names_found
