@@ -111,8 +111,7 @@ def terms(text: str) -> set[str]:
         out.add(stem(w))
     if any(c.isdigit() for c in text):
         out |= _code_ranges(text)
-    if _DAYS_HINT.search(text):
-        out |= _day_ranges(text)
+    out |= _day_ranges(text)
     return out
 
 
@@ -146,7 +145,6 @@ def _code_ranges(text: str) -> set[str]:
 
 _DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _DAY = r"(?:mon|tues?|wed(?:nes)?|thu(?:rs?)?|fri|sat(?:ur)?|sun)(?:day)?"
-_DAYS_HINT = re.compile(r"(?i:week|day\b|\b(?:mon|tue|wed|thu|fri|sat|sun)\b)")
 # "Monday to Friday", "Mon–Fri", "weekdays", "at weekends": the days each stands for.
 _DAY_RANGE = re.compile(
     rf"\b(?i:(?P<low>{_DAY})\s{{0,3}}(?:[\u2013\u2014-]|to|until|through|thru)\s{{0,3}}"

@@ -35,7 +35,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from rag.answer.cite import STOP, stem, terms
 from rag.answer.question import (
@@ -89,6 +89,10 @@ class Weights:
 # for those a unit close enough to the question in meaning may answer without it.
 STRICT = frozenset({Ask.NUMBER, Ask.TIME})
 UNSEEN_KIND = 0.5  # the cosine such a unit needs (chosen on the factual sets' half a)
+
+# What narrows the kind asked: a time of day ("At what times ..."), a frequency ("How often
+# ..."), or nothing.
+How = Literal["", "clock", "often"]
 
 
 @dataclass(frozen=True)
@@ -174,9 +178,7 @@ def choose(
     kin = _kin(question, names)
     ask = ask_of(question)
     unit_of = counted(question) if ask is Ask.NUMBER else None
-    # What narrows the kind asked: a time of day ("At what times ..."), a frequency ("How
-    # often ...").
-    how = "clock" if ask is Ask.TIME and asks_clock(question) else ""
+    how: How = "clock" if ask is Ask.TIME and asks_clock(question) else ""
     how = "often" if ask is Ask.NUMBER and asks_often(question) else how
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
@@ -269,7 +271,7 @@ def _score(
     weights: Weights,
     prior: float,
     unit_of: str | None = None,
-    how: str = "",
+    how: How = "",
     kin: dict[str, tuple[str, str]] | None = None,
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
@@ -397,7 +399,7 @@ def _by_meaning(
     s: _Scored,
     ask: Ask,
     similar: Callable[[str, list[str]], Sequence[float]],
-    how: str = "",
+    how: How = "",
 ) -> None:
     """When the question's words name no one column of the chosen row ("If I pay month by
     month, ..." against "Annual billing" and "Monthly billing"), the column whose header is
@@ -415,8 +417,8 @@ def _by_meaning(
     s.kind = ask is Ask.OTHER or _holds(text, cell, ask, how)
 
 
-def _holds(text: str, cell: tuple[int, int], ask: Ask, how: str = "") -> bool:
-    """Whether the cell holds what the question asks for (`how`: see choose)."""
+def _holds(text: str, cell: tuple[int, int], ask: Ask, how: How = "") -> bool:
+    """Whether the cell holds what the question asks for, narrowed by `how`."""
     said = text[cell[0] : cell[1]]
     if how == "often":
         return bool(frequencies(said))
