@@ -344,12 +344,14 @@ def _score(
 _DEMONYM = re.compile(r"[A-Z][a-z]{3,}(?:ish|ese|ian|an|ic)")
 _ACRONYM = re.compile(r"[A-Z][A-Za-z]{1,5}")
 _CAPITALISED = re.compile(r"[A-Z][^\W\d_]*")
+_VERSION = re.compile(r"\d+(?:\.\d+)+")
 
 
 def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
     """The question's names another word may stand for, by their term: a people's adjective
     by its country ("Scottish": a capitalised word starting "Scot"), an acronym by the
-    capitalised words it takes its capitals from ("MoMA": "Museum of Modern Art")."""
+    capitalised words it takes its capitals from ("MoMA": "Museum of Modern Art"), a version
+    by its releases ("4.1": "4.1.0", "4.1.2"; not "4.10")."""
     out = {}
     for m in WORD.finditer(question):
         w = m.group(0)
@@ -360,11 +362,15 @@ def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
             out[n] = ("prefix", w[:4].lower())
         elif _ACRONYM.fullmatch(w) and sum(c.isupper() for c in w) >= 3:
             out[n] = ("initials", "".join(c for c in w if c.isupper()))
+        elif _VERSION.fullmatch(w):
+            out[n] = ("release", w + ".")
     return out
 
 
 def _called(kin: tuple[str, str], text: str) -> bool:
     how, key = kin
+    if how == "release":
+        return any(w.startswith(key) for w in WORD.findall(text))
     if how == "prefix":
         return any(w.lower().startswith(key) for w in _CAPITALISED.findall(text))
     # The initials of each run of capitalised words, function words skipped within it.

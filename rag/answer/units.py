@@ -205,15 +205,18 @@ HEAD_LOOKBACK = 4000
 
 
 def starts_in_table(text: str) -> bool:
-    """Whether a passage's first lines may be rows of a table begun before it."""
-    return any("|" in line or "\t" in line for line in text.split("\n", 2)[:2])
+    """Whether a passage's first lines may be rows of a table begun before it: the first two
+    that are not blank (a row cut at its start, then the next one)."""
+    lines = [line for line in text.split("\n", 8)[:8] if line.strip()][:2]
+    return any("|" in line or "\t" in line for line in lines)
 
 
 def table_head(before: str) -> Head | None:
     """The header row of the table whose rows end `before` (the document's text up to where
     a passage starts): None when it ends in no table, or the header is not within it."""
     lines = before.split("\n")
-    cut = bool(lines[-1])
+    # The passage starts inside a row, unless all it lacks is the row's opening pipe.
+    cut = lines[-1].strip() not in ("", "|")
     lines = lines[:-1]  # the last line is the start of the passage's own first one, or ""
     j = len(lines) - 1
     if j < 0:

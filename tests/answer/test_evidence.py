@@ -19,7 +19,7 @@ from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
 from rag.answer.question import asks_clock, asks_often, frequencies, question_names
 from rag.answer.segment import sentence_spans
-from rag.answer.units import HEAD_LOOKBACK, table_head, units
+from rag.answer.units import HEAD_LOOKBACK, starts_in_table, table_head, units
 from rag.db import documents
 from rag.db.models import Document
 from rag.engine import FinishReason, TokenEvent, Usage
@@ -891,7 +891,8 @@ SUPPORT = ("Response times by plan.\n\n| Priority | Bronze | Silver | Gold |\n|-
 
 def test_a_passage_that_starts_inside_a_table_is_read_by_the_header_before_it() -> None:
     cut = SUPPORT.index("| P5")
-    for start, first in ((cut, "P5"), (cut + 3, "P6")):  # at a row, and within one
+    # At a row, past only its opening pipe, and within the row.
+    for start, first in ((cut, "P5"), (cut + 2, "P5"), (cut + 3, "P6")):
         head = table_head(SUPPORT[max(0, start - HEAD_LOOKBACK) : start])
         assert head is not None and head.row.startswith("| Priority | Bronze")
         rows = [u for u in units(SUPPORT[start:], head=head) if u.cells]
@@ -901,6 +902,16 @@ def test_a_passage_that_starts_inside_a_table_is_read_by_the_header_before_it() 
     tabbed = "Rates\n\nCity\tHotel\tMeals\n\nBerlin\t€180\t€50\n\n"
     head = table_head(tabbed)
     assert head is not None and head.row == "City\tHotel\tMeals" and not head.cut
+    # A chunk that starts late in a row, a blank line (rows of a parsed page or DOCX), then
+    # rows: the lines after the cut one are not a header of their own.
+    rows = tabbed + "Paris\t€190\t€55\n\nRome\t€150\t€45\n\nOslo\t€200\t€60\n"
+    start = rows.index("55\n")  # in the last cell
+    assert starts_in_table(rows[start:]) and not starts_in_table("Prose.\n\nMore prose.\n\nA\tb")
+    head = table_head(rows[:start])
+    assert head is not None and head.row == "City\tHotel\tMeals" and head.cut
+    read = [u for u in units(rows[start:], head=head) if u.cells]
+    assert [rows[start:][slice(*u.cells[0])] for u in read] == ["Rome", "Oslo"]
+    assert read[0].header == ("City", "Hotel", "Meals")
 
 
 def test_ask_reads_a_table_row_by_the_header_its_chunk_lost(
@@ -1000,3 +1011,14 @@ def test_a_peoples_adjective_or_an_acronym_is_named_by_what_it_stands_for() -> N
     assert choice.names_found and choice.answerable(0.0)
     choice, _ = _choose("Since when has the NGA had the portrait?", gallery)
     assert not choice.names_found
+
+
+def test_a_version_is_held_by_its_releases() -> None:
+    releases = ("| Version | Released | End of support |\n|---|---|---|\n"
+                "| 2.30.0 | 1 May 2025 | 30 April 2026 |\n| 2.3.1 | 4 May 2023 | 30 June 2024 |\n"
+                "| 2.4.0 | 9 March 2024 | 31 March 2025 |\n")  # fmt: skip
+    choice = choose("When does support for 2.3 end?", [P(releases)])
+    assert choice is not None and choice.names_found
+    assert choice.focus_text == "2.3.1, End of support: 30 June 2024"  # not 2.30.0
+    choice = choose("When does support for 2.5 end?", [P(releases)])
+    assert choice is not None and not choice.names_found
