@@ -117,10 +117,13 @@ def find_in_tenant_named(session: Session, ref: str, tenant_name: str) -> Collec
 
 
 def delete(session: Session, tenant_id: str, collection_id: str) -> None:
-    """Tombstone the collection and its documents; cancel their pending jobs. The row lock
+    """Cancel the collection's pending jobs; tombstone it and its documents. The row lock
     orders it with uploads (which take it shared): an upload that got it first commits
     before this tombstones its document, one that comes after finds the collection gone."""
     collection = get(session, tenant_id, collection_id, lock=True)
+    # Jobs before documents, the order a worker's claim locks them in (rag.db.jobs), so the
+    # two cannot deadlock.
+    cancel_jobs_where(session, IngestJob.collection_id == collection_id, "collection deleted")
     t = now()
     collection.deleted_at = t
     session.execute(
@@ -128,7 +131,6 @@ def delete(session: Session, tenant_id: str, collection_id: str) -> None:
         .where(Document.collection_id == collection_id, Document.deleted_at.is_(None))
         .values(deleted_at=t, status="deleted", updated_at=t)
     )
-    cancel_jobs_where(session, IngestJob.collection_id == collection_id, "collection deleted")
 
 
 def chunk_count(session: Session, collection_id: str) -> int:

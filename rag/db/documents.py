@@ -183,6 +183,8 @@ def delete(session: Session, tenant_id: str, document_id: str) -> Document:
     change log tells every index to drop its chunks."""
     doc = get(session, tenant_id, document_id)
     collections.lock(session, doc.collection_id)
+    # Its jobs before the document, the order a worker's claim locks them in.
+    cancel_jobs_where(session, IngestJob.document_id == doc.id, "document deleted")
     t = now()
     doc.deleted_at = t
     doc.status = "deleted"
@@ -192,7 +194,6 @@ def delete(session: Session, tenant_id: str, document_id: str) -> Document:
         ChangeLog(collection_id=doc.collection_id, op="remove", chunk_id=cid, document_id=doc.id)
         for cid in chunk_ids
     )
-    cancel_jobs_where(session, IngestJob.document_id == doc.id, "document deleted")
     return doc
 
 

@@ -3,12 +3,14 @@ retry with exponential backoff, and fence every write on the lease."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
-from rag.db import Database, documents, jobs
+from rag.db import Database, collections, documents, jobs
 from rag.db.jobs import ClaimedJob, LeaseLost
 from rag.db.models import Document, IngestJob
 from rag.errors import NotFound
@@ -310,3 +312,39 @@ def test_cancel_and_the_queue_counts(db: Database, make: Make) -> None:
         assert jobs.get(s, tenant, third).id == third
         with pytest.raises(NotFound):
             jobs.get(s, stranger, third)
+
+
+@pytest.mark.parametrize("deleted", ["collection", "document"])
+def test_a_delete_waits_for_a_claim_rather_than_deadlock_with_it(
+    db: Database, make: Make, deleted: str
+) -> None:
+    """A claim locks its job, then marks the job's document; a delete of the collection or
+    the document cancels its jobs before it tombstones the documents, the same order. Taken
+    the other way, the claim and the delete each held what the other waited for, and
+    PostgreSQL aborted one of them."""
+    if db.is_sqlite:
+        pytest.skip("SQLite has one writer at a time: there is no order to get wrong")
+    tenant = make.tenant()
+    cid = make.collection(tenant)
+    [(job_id, doc_id)] = _queue(make, cid, 1)
+    errors: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            with db.write() as s:
+                if deleted == "collection":
+                    collections.delete(s, tenant, cid)
+                else:
+                    documents.delete(s, tenant, doc_id)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    with db.write() as s:  # the claim's order (jobs.claim_many): the job's row, then its document
+        s.execute(select(IngestJob).where(IngestJob.id == job_id).with_for_update()).one()
+        deleting = threading.Thread(target=delete)
+        deleting.start()
+        time.sleep(0.5)  # the delete now waits on the job's row (or, before, held the document)
+        s.execute(update(Document).where(Document.id == doc_id).values(status="parsing"))
+    deleting.join(timeout=30)
+    assert not deleting.is_alive() and errors == []
+    assert _job(db, job_id).state == "cancelled" and _status(db, doc_id) == "deleted"
