@@ -41,14 +41,17 @@ from rag.answer.cite import STOP, stem, terms
 from rag.answer.question import (
     WORD,
     Ask,
+    Shape,
     ask_of,
     asks_clock,
     asks_often,
     candidates,
     clock,
     counted,
+    fits,
     frequencies,
     question_names,
+    shape_of,
 )
 from rag.answer.units import Head, Unit, units
 
@@ -180,6 +183,7 @@ def choose(
     unit_of = counted(question) if ask is Ask.NUMBER else None
     how: How = "clock" if ask is Ask.TIME and asks_clock(question) else ""
     how = "often" if ask is Ask.NUMBER and asks_often(question) else how
+    shape = shape_of(question, ask)
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
@@ -192,7 +196,7 @@ def choose(
         head = heads[i] if heads is not None and i < len(heads) else None
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of, how, kin)  # fmt: skip
+                       unit_of, how, kin, shape)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -273,6 +277,7 @@ def _score(
     unit_of: str | None = None,
     how: How = "",
     kin: dict[str, tuple[str, str]] | None = None,
+    shape: Shape = "",
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -316,6 +321,11 @@ def _score(
             # "How often ...": "every 6 hours" answers, not "90 days" or "at 01:00".
             hits = frequencies(body)
             found = bool(hits)
+        if shape and len(hits) > 1:
+            # Of several candidates, those of the shape asked pick the clause ("sold for $250",
+            # not "donated ... in 1934"); whether the unit answers does not change.
+            kept = [h for h in hits if fits(body, h, shape)]
+            hits = kept if 0 < len(kept) < len(hits) else hits
         if unit_of is not None and unit_of not in own:
             found = False  # "how many pages": a number, but none of pages
         counting = [h for h in hits if unit_of is not None and _counts(body, h, unit_of)]

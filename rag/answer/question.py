@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from typing import Literal
 
 from rag.answer.cite import STOP, stem, stopped
 
@@ -166,6 +167,51 @@ def asks_often(question: str) -> bool:
 def frequencies(text: str) -> list[tuple[int, int]]:
     """[start, end) of each frequency `text` states ("every two weeks", "daily")."""
     return [m.span() for m in _FREQUENCY.finditer(text)]
+
+
+# What a question for a number or a time wants among several in one sentence: a sum of money
+# ("What price did it fetch?"), a count ("How many copies ...?": not a year), or a date
+# ("In which month and year ...?": not a duration).
+Shape = Literal["", "money", "count", "date"]
+_MONEY_ASKED = re.compile(
+    r"\b(?:price|prices|cost|costs|costing|fetch|fetched|sold|sell|spent|spend|fee|fees|"
+    r"budget|worth|earn|earned|grossed|salary)\b"
+)
+_CURRENCY = frozenset("€£$¥₹")
+_CURRENCY_WORDS = frozenset(
+    "dollar dollars euro euros pound pounds pence cent cents franc francs yen".split()
+)
+
+
+def shape_of(question: str, ask: Ask) -> Shape:
+    """The shape of answer `question` prefers among candidates of its kind (see Shape)."""
+    text = " ".join(w.lower() for w in WORD.findall(question))
+    if ask is Ask.NUMBER:
+        if "how many" in text:
+            return "count"
+        if _MONEY_ASKED.search(text):
+            return "money"
+        return "count" if "how much" in text else ""
+    return "date" if ask is Ask.TIME and not asks_clock(question) else ""
+
+
+def fits(text: str, hit: tuple[int, int], shape: Shape) -> bool:
+    """Whether the candidate at `hit` of `text` has the shape asked for."""
+    word = text[hit[0] : hit[1]].lower()
+    following = WORD.match(text, hit[1] + 1) if text[hit[1] : hit[1] + 1] == " " else None
+    after = following.group(0).lower() if following is not None else ""
+    if shape == "money":
+        return (
+            text[max(0, hit[0] - 1) : hit[0]] in _CURRENCY
+            or after in _CURRENCY_WORDS
+            or (word[:1].isdigit() and word.endswith("p"))  # "45p"
+        )
+    dated = bool(_YEAR.match(word)) or word in MONTHS or after in MONTHS
+    if shape == "count":
+        return not dated and not (word == "one" and after == "of")  # "one of the largest"
+    if shape == "date":
+        return dated or word in WEEKDAYS
+    return True
 
 
 def clock(word: str) -> bool:

@@ -17,7 +17,7 @@ from rag.answer.check import MAX_SENTENCE_CHARS, first_sentence, passes
 from rag.answer.cite import terms
 from rag.answer.evidence import Ask, Choice, Weights, _clause, ask_of, choose
 from rag.answer.prompt import ONE
-from rag.answer.question import asks_clock, asks_often, frequencies, question_names
+from rag.answer.question import asks_clock, asks_often, frequencies, question_names, shape_of
 from rag.answer.segment import sentence_spans
 from rag.answer.units import HEAD_LOOKBACK, starts_in_table, table_head, units
 from rag.db import documents
@@ -1022,3 +1022,25 @@ def test_a_version_is_held_by_its_releases() -> None:
     assert choice.focus_text == "2.3.1, End of support: 30 June 2024"  # not 2.30.0
     choice = choose("When does support for 2.5 end?", [P(releases)])
     assert choice is not None and not choice.names_found
+
+
+def test_a_price_a_count_or_a_date_picks_its_clause_among_other_numbers() -> None:
+    assert shape_of("What price did the painting fetch?", Ask.NUMBER) == "money"
+    assert shape_of("How many copies were sold?", Ask.NUMBER) == "count"
+    assert shape_of("In which month did it end?", Ask.TIME) == "date"
+    assert shape_of("What are the opening hours?", Ask.TIME) == ""
+    # The clause naming the subject holds another number ("in 1934", "two years"): the
+    # clause or sentence quoted must hold the one of the shape asked.
+    sold = ["First shown in 1932 and sold for $250, The Quiet Hour was given to the Hale "
+            "Museum two years later in 1934."]  # fmt: skip
+    choice, said = _choose("What price did The Quiet Hour fetch after its first showing?", sold)
+    assert "$250" in (choice.focus_text or said)
+    serial = ["Tolstoy spent nearly two years writing Kholstomer, which ran as a serial in a "
+              "monthly magazine from January 1879 to November 1880."]  # fmt: skip
+    choice, said = _choose("In which month and year did the serialisation of Kholstomer end?",
+                           serial)  # fmt: skip
+    assert "November 1880" in (choice.focus_text or said)
+    archive = ["Based in Leeds, it is one of the largest Archives in the north, with a "
+               "collection of over 200 million items."]  # fmt: skip
+    choice, said = _choose("How many items are in the Northern Archives' collection?", archive)
+    assert "200 million" in (choice.focus_text or said)  # "one of" counts nothing
