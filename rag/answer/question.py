@@ -27,6 +27,13 @@ class Ask(Enum):
 
 # A word, numbers and times included ("4.2.1", "09:30", "O'Neill", "mid-1480s").
 WORD = re.compile(r"[^\W_]+(?:[.:'-][^\W_]+)*", re.UNICODE)
+
+
+def _lowered(question: str) -> str:
+    """The question's words in lower case, one space apart: what its patterns read."""
+    return " ".join(w.lower() for w in WORD.findall(question))
+
+
 _NUMBER = re.compile(r"\d")
 _CLOCK = re.compile(r"\b\d{1,2}[:.]\d{2}\b")
 _YEAR = re.compile(r"^(?:1\d{3}|20\d{2}|\d{2,4}s|\d{1,2}(?:st|nd|rd|th))$")
@@ -93,7 +100,7 @@ _ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
 def ask_of(question: str) -> Ask:
     """The kind of answer `question` wants, from its first question word ("How old was he
     when ..." asks for a number, not a time)."""
-    text = " ".join(w.lower() for w in WORD.findall(question))
+    text = _lowered(question)
     text = re.sub(r"\b(what|which|who|where|when|how)'s\b", r"\1 is", text)
     if _CLOCK_ASKED.search(text):
         return Ask.TIME  # "What are the opening hours ...?"
@@ -141,7 +148,7 @@ _CLOCK_ASKED = re.compile(
 def asks_clock(question: str) -> bool:
     """Whether a question asks for a time of day ("At what times ...", "opening hours"), not
     a date or a duration ("Within what time ...")."""
-    return _CLOCK_ASKED.search(" ".join(w.lower() for w in WORD.findall(question))) is not None
+    return _CLOCK_ASKED.search(_lowered(question)) is not None
 
 
 _OFTEN_ASKED = re.compile(
@@ -161,7 +168,7 @@ _FREQUENCY = re.compile(
 def asks_often(question: str) -> bool:
     """Whether a question asks how often something happens ("How often are keys rotated?"):
     a frequency answers it, not any number."""
-    return _OFTEN_ASKED.search(" ".join(w.lower() for w in WORD.findall(question))) is not None
+    return _OFTEN_ASKED.search(_lowered(question)) is not None
 
 
 def frequencies(text: str) -> list[tuple[int, int]]:
@@ -185,7 +192,7 @@ _CURRENCY_WORDS = frozenset(
 
 def shape_of(question: str, ask: Ask) -> Shape:
     """The shape of answer `question` prefers among candidates of its kind (see Shape)."""
-    text = " ".join(w.lower() for w in WORD.findall(question))
+    text = _lowered(question)
     if ask is Ask.NUMBER:
         if "how many" in text:
             return "count"
@@ -227,7 +234,7 @@ _COUNTED = re.compile(r"\bhow many ([a-z]+)")
 
 def counted(question: str) -> str | None:
     """What "how many ..." counts ("How many pages does it have?": pages), stemmed."""
-    m = _COUNTED.search(" ".join(w.lower() for w in WORD.findall(question)))
+    m = _COUNTED.search(_lowered(question))
     if m is None or m.group(1) in STOP or m.group(1) in ("more", "other", "different"):
         return None
     return stem(m.group(1))
