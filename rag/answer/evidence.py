@@ -43,6 +43,7 @@ from rag.answer.question import (
     Ask,
     Shape,
     ask_of,
+    asks_called,
     asks_clock,
     asks_often,
     candidates,
@@ -50,6 +51,7 @@ from rag.answer.question import (
     counted,
     fits,
     frequencies,
+    names_something,
     question_names,
     shape_of,
 )
@@ -83,6 +85,9 @@ class Weights:
     predicate: float = 0.3  # the share of the question's own words (past names, context)
     # The cosine again with the question's names and the document's title taken out of both.
     gist: float = 2.0
+    # The unit says what something is called ("is known as public administration") and the
+    # question asks for a name by that verb ("What is the implementation ... called?").
+    naming: float = 0.5
     shortlist: int = 7  # with the question, one batch of the query encoder
 
 
@@ -184,6 +189,7 @@ def choose(
     how: How = "clock" if ask is Ask.TIME and asks_clock(question) else ""
     how = "often" if ask is Ask.NUMBER and asks_often(question) else how
     shape = shape_of(question, ask)
+    naming = ask in (Ask.OTHER, Ask.NAME) and asks_called(question)
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
     n = len(passages)
@@ -197,6 +203,8 @@ def choose(
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
                        unit_of, how, kin, shape)  # fmt: skip
+            if naming and names_something(p.text[u.span[0] : u.span[1]]):
+                s.score += weights.naming
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -213,7 +221,10 @@ def choose(
             # The same with the subject taken out of both: what the question asks about it
             # against what the unit says about it ("Whose novel is the film based on?" and
             # "It is based on Mario Puzo's novel", not "The Godfather is a 1972 film").
-            asked = _without(question, names)
+            # The words of the shortlist's titles leave the question too: a subject in lower
+            # case is no name ("What is the core of a syllable called?" asked of Syllable).
+            titled = set().union(*(named[s.passage] for s in shortlist))
+            asked = _without(question, names | titled)
             said = [_without(_body(passages[s.passage].text, s.unit), names | named[s.passage])
                     for s in shortlist]  # fmt: skip
             for s, cosine in zip(shortlist, similar(asked, said), strict=True):
@@ -392,9 +403,16 @@ def _called(kin: tuple[str, str], text: str) -> bool:
 def _columns(u: Unit, wanted: set[str]) -> list[int]:
     """The data columns of row `u` the question names most (by their header's terms): one, a
     tie, or every data column when it names none."""
-    hits = [len(terms(column) & wanted) for column in u.header[1 : len(u.cells)]]
+    named = [terms(column) for column in u.header[1 : len(u.cells)]]
+    hits = [len(t & wanted) for t in named]
     most = max(hits, default=0)
-    return [n for n, h in enumerate(hits, start=1) if h == most]
+    tied = [n for n, h in enumerate(hits, start=1) if h == most]
+    if most and len(tied) > 1:
+        # As many of the question's words in each: the header the question says most of
+        # ("half pay parental leave" names "Half pay" whole, "Partner leave (full pay)" half).
+        said = {n: most / len(named[n - 1]) for n in tied}
+        tied = [n for n in tied if said[n] == max(said.values())]
+    return tied
 
 
 def _named(u: Unit, columns: list[int]) -> bool:

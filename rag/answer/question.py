@@ -72,7 +72,7 @@ PERSON_NOUNS = frozenset(
 QUANTITY_NOUNS = frozenset(
     """budget budgets price prices cost costs fee fees limit limits allowance amount number
     size value rate salary deposit discount minimum maximum capacity length population
-    percentage share total sum quota threshold""".split()
+    percentage share total sum quota threshold uptime availability time""".split()
 )
 DURATION_UNITS = frozenset(
     """second seconds minute minutes hour hours day days week weeks month months year years
@@ -118,6 +118,8 @@ def ask_of(question: str) -> Ask:
         head = _head(text[m.end() :])
         if head in QUANTITY_NOUNS:
             return Ask.NUMBER
+    if noun in QUANTITY_NOUNS:
+        return Ask.NUMBER  # "What discount do charities get?", "What uptime ...?"
     if noun in PLACE_NOUNS:
         return Ask.PLACE
     if noun in PERSON_NOUNS:
@@ -149,6 +151,26 @@ def asks_clock(question: str) -> bool:
     """Whether a question asks for a time of day ("At what times ...", "opening hours"), not
     a date or a duration ("Within what time ...")."""
     return _CLOCK_ASKED.search(_lowered(question)) is not None
+
+
+_CALLED_ASKED = re.compile(
+    r"\b(?:called|known as|named|termed|referred to as|(?:term|name|word) for)\b(?! after)"
+)
+_NAMING = re.compile(
+    r"\b(?:called|known as|named|termed|referred to as|dubbed|nicknamed)\b",
+    re.IGNORECASE,
+)
+
+
+def asks_called(question: str) -> bool:
+    """Whether a question asks what something is called ("What is the core of a syllable
+    called?", "another name for ..."), not who it is named after."""
+    return _CALLED_ASKED.search(_lowered(question)) is not None
+
+
+def names_something(text: str) -> bool:
+    """Whether `text` says what something is called ("is known as", "termed")."""
+    return _NAMING.search(text) is not None
 
 
 _OFTEN_ASKED = re.compile(
@@ -295,7 +317,10 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
         before2 = words[n - 2].group(0).lower() if n > 1 else ""
         after = words[n + 1].group(0).lower() if n + 1 < len(words) else ""
         digit = bool(_NUMBER.search(w))
+        # A month or a weekday is a date, never a name, a person or a place ("Monday to
+        # Friday").
         capital = w[:1].isupper() and lower not in STOP and lower not in MONTHS
+        capital = capital and lower not in WEEKDAYS
         if ask is Ask.NUMBER:
             hit = digit or lower in NUMBER_WORDS
         elif ask is Ask.TIME:
