@@ -345,7 +345,10 @@ def _score(
         picked = 0 < len(counting) < len(hits)
         hits = counting if picked else hits
         if ask is not Ask.OTHER and hits:
-            clause = _clause(body, hits, wanted, names, picked=picked)
+            # The document's subject is in every clause: its words pick none of them ("They were
+            # replaced in England by Early Modern English, in Scotland by Early Scots" asked of
+            # Middle English in Scotland).
+            clause = _clause(body, hits, wanted - title, names - title, picked=picked)
             if clause is not None:
                 focus = (u.span[0] + clause[0], u.span[0] + clause[1])
                 focus_text = body[clause[0] : clause[1]]

@@ -725,6 +725,15 @@ def test_columns_the_question_names_alike_go_to_the_one_it_names_whole() -> None
     assert choice.focus_text == "1 year to less than 2 years, Half pay: 14 weeks"
 
 
+def test_the_subject_picks_no_clause() -> None:
+    """Every clause is about the document's subject: its words in a clause ("Modern Frisian")
+    do not make that clause the one about the question's other name ("Drenthe")."""
+    text = ("They were eventually replaced in Friesland by Modern Frisian, in Drenthe by Low "
+            "Saxon, and in Groningen by Gronings.")  # fmt: skip
+    choice = choose("What replaced Old Frisian in Drenthe?", [P(text)], titles=["Old Frisian.txt"])
+    assert choice is not None and choice.focus_text == "in Drenthe by Low Saxon"
+
+
 def test_a_weekday_is_not_a_place() -> None:
     offices = ("| Office | Address | Opening hours |\n|---|---|---|\n"
                "| Amsterdam | Keizersgracht 212, Amsterdam | Monday to Friday, 09:00 to 18:00 |\n"
