@@ -83,7 +83,8 @@ class Weights:
     # other parts are embedded.
     similar: float = 2.0
     predicate: float = 0.3  # the share of the question's own words (past names, context)
-    # The cosine again with the question's names and the document's title taken out of both.
+    # The cosine again with the subject taken out of both: the question's names and the
+    # titles' words.
     gist: float = 2.0
     # The unit says what something is called ("is known as public administration") and the
     # question asks for a name by that verb ("What is the implementation ... called?").
@@ -406,14 +407,14 @@ def _called(kin: tuple[str, str], text: str) -> bool:
 def _columns(u: Unit, wanted: set[str]) -> list[int]:
     """The data columns of row `u` the question names most (by their header's terms): one, a
     tie, or every data column when it names none."""
-    named = [terms(column) for column in u.header[1 : len(u.cells)]]
-    hits = [len(t & wanted) for t in named]
+    headers = [terms(column) for column in u.header[1 : len(u.cells)]]
+    hits = [len(t & wanted) for t in headers]
     most = max(hits, default=0)
     tied = [n for n, h in enumerate(hits, start=1) if h == most]
     if most and len(tied) > 1:
         # As many of the question's words in each: the header the question says most of
         # ("half pay parental leave" names "Half pay" whole, "Partner leave (full pay)" half).
-        said = {n: most / len(named[n - 1]) for n in tied}
+        said = {n: most / len(headers[n - 1]) for n in tied}
         tied = [n for n in tied if said[n] == max(said.values())]
     return tied
 

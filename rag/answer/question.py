@@ -68,7 +68,7 @@ PERSON_NOUNS = frozenset(
     people king queen emperor president leader scientist architect poet player producer
     discoverer contact manager ghostwriter""".split()
 )
-# What "what is the ... <noun>" asks for as a number or an amount.
+# What "what is the ... <noun>" and "what <noun> ..." ask for as a number or an amount.
 QUANTITY_NOUNS = frozenset(
     """budget budgets price prices cost costs fee fees limit limits allowance amount number
     size value rate salary deposit discount minimum maximum capacity length population
