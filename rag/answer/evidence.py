@@ -203,9 +203,7 @@ def choose(
         head = heads[i] if heads is not None and i < len(heads) else None
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of, how, kin, shape)  # fmt: skip
-            if naming and names_something(p.text[u.span[0] : u.span[1]]):
-                s.score += weights.naming
+                       unit_of, how, kin, shape, naming)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -290,6 +288,7 @@ def _score(
     how: How = "",
     kin: dict[str, tuple[str, str]] | None = None,
     shape: Shape = "",
+    naming: bool = False,
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -361,6 +360,7 @@ def _score(
         + (weights.kind if found else 0.0)
         + (weights.names if names and names_in_unit else 0.0)
         + weights.predicate * (predicate if rest else 0.0)
+        + (weights.naming if naming and names_something(body) else 0.0)
     )
     return _Scored(passage, u, score, share, own_share, names_found, found, predicate, focus,
                    None, focus_text)  # fmt: skip
@@ -412,10 +412,11 @@ def _columns(u: Unit, wanted: set[str]) -> list[int]:
     most = max(hits, default=0)
     tied = [n for n, h in enumerate(hits, start=1) if h == most]
     if most and len(tied) > 1:
-        # As many of the question's words in each: the header the question says most of
-        # ("half pay parental leave" names "Half pay" whole, "Partner leave (full pay)" half).
-        said = {n: most / len(headers[n - 1]) for n in tied}
-        tied = [n for n in tied if said[n] == max(said.values())]
+        # As many of the question's words in each: the header the question says most of, the
+        # shortest ("half pay parental leave" names "Half pay" whole, "Partner leave (full
+        # pay)" half).
+        shortest = min(len(headers[n - 1]) for n in tied)
+        tied = [n for n in tied if len(headers[n - 1]) == shortest]
     return tied
 
 

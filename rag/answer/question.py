@@ -153,13 +153,10 @@ def asks_clock(question: str) -> bool:
     return _CLOCK_ASKED.search(_lowered(question)) is not None
 
 
-_CALLED_ASKED = re.compile(
-    r"\b(?:called|known as|named|termed|referred to as|(?:term|name|word) for)\b(?! after)"
-)
-_NAMING = re.compile(
-    r"\b(?:called|known as|named|termed|referred to as|dubbed|nicknamed)\b",
-    re.IGNORECASE,
-)
+# The words that say what something is called, in a question and in a passage.
+_CALLED = "called|known as|named|termed|referred to as"
+_CALLED_ASKED = re.compile(rf"\b(?:{_CALLED}|(?:term|name|word) for)\b(?! after)")
+_NAMING = re.compile(rf"\b(?:{_CALLED}|dubbed|nicknamed)\b", re.IGNORECASE)
 
 
 def asks_called(question: str) -> bool:
@@ -319,8 +316,10 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
         digit = bool(_NUMBER.search(w))
         # A month or a weekday is a date, never a name, a person or a place ("Monday to
         # Friday").
-        capital = w[:1].isupper() and lower not in STOP and lower not in MONTHS
-        capital = capital and lower not in WEEKDAYS
+        capital = (
+            w[:1].isupper() and lower not in STOP and lower not in MONTHS
+            and lower not in WEEKDAYS
+        )  # fmt: skip
         if ask is Ask.NUMBER:
             hit = digit or lower in NUMBER_WORDS
         elif ask is Ask.TIME:
