@@ -70,8 +70,9 @@ def passages(data_dir: Path, out: Path, sets: Sequence[str]) -> None:
         with out.open("w") as f:
             for q in questions_of(sets):
                 r = services.retriever.search(
-                    tenant[q.set], saved[q.set], q.question, Knobs(k=ask.default_k)
-                )
+                    tenant[q.set], saved[q.set], q.question, Knobs(k=ask.default_k),
+                    hybrid_default=ask.hybrid,
+                )  # fmt: skip
                 given = [p for p in r.passages if _relevance(p) >= ask.relevance_threshold]
                 heads = None
                 if any(p.start_char > 0 and starts_in_table(p.text) for p in given):

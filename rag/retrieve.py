@@ -116,14 +116,17 @@ class Retriever:
         knobs: Knobs,
         filt: Filter | None = None,
         deadline: Deadline | None = None,
+        hybrid_default: float = 0.0,
     ) -> SearchResult:
+        """The passages for `query`; `hybrid_default` is the keyword weight when neither
+        `knobs` nor the collection's saved defaults set one (the ask path's differs)."""
         timings: dict[str, float] = {}
         degraded: list[str] = []
         with self.db.connect() as conn:
             saved = collections.saved_defaults(conn, tenant_id, collection_id)
         if saved is None:
             raise NotFound(f"collection {collection_id} not found")
-        k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved, query, knobs)
+        k, ef, nprobe, exact, hybrid, budget_ms = self._resolve(saved, query, knobs, hybrid_default)
         allowed = None
         where: Where | None = None
         if filt is not None and not filt.empty:
@@ -239,7 +242,7 @@ class Retriever:
     # ------------------------------------------------------------------ pieces
 
     def _resolve(
-        self, saved: dict[str, Any], query: str, knobs: Knobs
+        self, saved: dict[str, Any], query: str, knobs: Knobs, hybrid_default: float = 0.0
     ) -> tuple[int, int | None, int | None, bool, float, float | None]:
         """The knobs in force: the request's, else the collection's saved defaults (`saved`),
         else the service's."""
@@ -261,7 +264,7 @@ class Retriever:
         if ef is not None and ef < k:
             raise Invalid(f"ef_search ({ef}) must be at least k ({k})")
         nprobe = pick("nprobe", None)
-        hybrid = float(pick("hybrid", 0.0))
+        hybrid = float(pick("hybrid", hybrid_default))
         if not 0.0 <= hybrid <= 1.0:
             raise Invalid("hybrid is the keyword weight, between 0 and 1")
         budget = pick("budget_ms", self.settings.default_budget_ms)

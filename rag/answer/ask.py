@@ -145,6 +145,7 @@ async def prepare(
         knobs,
         req.filter,
         retrieve_deadline,
+        settings.hybrid,
     )
     timings["retrieve"] = _ms(t)
     for stage, ms in result.timings_ms.items():

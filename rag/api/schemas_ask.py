@@ -60,7 +60,13 @@ class AskIn(Request):
     ef_search: int | None = Field(None, ge=1, le=10_000)
     nprobe: int | None = Field(None, ge=1, le=65_536)
     exact: bool | None = None
-    hybrid: float | None = Field(None, ge=0, le=1)
+    hybrid: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="keyword (BM25) weight in the fusion; None: the collection's saved default, "
+        "else the service's (RAG_ASK__HYBRID)",
+    )
     filter: SearchFilter | None = None
     # generation
     max_tokens: int | None = Field(None, ge=1, le=4096)

@@ -84,6 +84,10 @@ _LINES = {
     "engine.advanced.block_size": "Tokens per KV cache block.",
     "engine.advanced.enable_prefix_caching": "Reuse the KV blocks of an identical prompt prefix.",
     "ask.default_k": "Passages an answer is given when the request sets no k.",
+    "ask.hybrid": (
+        "Keyword (BM25) weight of the passages an answer reads when neither the request nor the "
+        "collection sets `hybrid` (0: dense only)."
+    ),
     "ask.default_max_tokens": "Tokens an answer may generate when the request sets no max_tokens.",
     "ask.max_tokens_limit": "The most max_tokens a request may ask for.",
     "ask.max_question_chars": "The longest question (422 past it).",

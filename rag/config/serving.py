@@ -58,6 +58,11 @@ class AskSettings(Section, Upgrading):
     # below it the answer says the documents do not contain it, without running the generator.
     relevance_threshold: float = Field(0.2, ge=-1.0, le=1.0)
     default_k: int = Field(5, ge=1, le=200)
+    # The keyword (BM25) side's weight in the passages an answer reads, when neither the
+    # request nor the collection sets `hybrid` (searches stay dense: search.* has none).
+    # Plan, tier, city and product names, and codes, are what a dense vector blurs between
+    # near-duplicates and what the keyword side matches exactly (bench/answers.py).
+    hybrid: float = Field(0.2, ge=0, le=1)
     default_max_tokens: int = Field(256, ge=1)
     max_tokens_limit: int = Field(4096, ge=1)
     max_question_chars: int = Field(4000, ge=1)

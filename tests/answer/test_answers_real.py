@@ -106,3 +106,42 @@ def test_openai_client_gets_sources_for_the_passages_given(
     for q in quotes:
         assert texts[q["document_id"]][q["start_char"] : q["end_char"]] == q["text"]
     assert [s["cited"] for s in extra["sources"]].count(True) == 1
+
+
+PLANS = [
+    "Backups on the Bronze plan are kept for 7 days and restored within two business days.",
+    "Backups on the Silver plan are kept for 30 days and restored within one business day.",
+    "Backups on the Gold plan are kept for 90 days and restored within four hours.",
+    "Every plan is billed monthly; an annual contract earns a discount of ten percent.",
+]
+
+
+def test_an_answer_reads_passages_by_keywords_too_unless_told_otherwise(
+    live_api: Callable[..., LiveApi], sqlite_url: str, minilm: Any
+) -> None:
+    # Near-duplicates that differ by a plan's name: the keyword side matches the name the
+    # question gives, so an answer reads with it by default (ask.hybrid), while a search,
+    # the request and the collection's saved defaults keep their own weights.
+    api = live_api(sqlite_url, minilm)
+    cid = api.collection(api.a, name="plans")
+    ingest(api, api.a, cid, PLANS)
+    url = f"/v1/collections/{cid}/ask"
+    question = {"question": "How long are Silver backups kept?", "mode": "extractive", "k": 2}
+
+    def ask(**extra: Any) -> dict[str, Any]:
+        r = api.client.post(url, json={**question, **extra}, headers=api.a)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    out = ask()
+    assert out["knobs"]["hybrid"] == AskSettings().hybrid > 0
+    assert "retrieve.keyword" in out["timings_ms"]
+    assert "30 days" in out["answer"] and "Silver" in out["answer"]
+    assert ask(hybrid=0)["knobs"]["hybrid"] == 0
+    search = api.client.post(f"/v1/collections/{cid}/search", json={"query": "Silver backups"},
+                             headers=api.a)  # fmt: skip
+    assert search.json()["knobs"]["hybrid"] == 0
+    r = api.client.put(f"/v1/collections/{cid}/search-defaults", json={"hybrid": 0.2},
+                       headers=api.a)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert ask()["knobs"]["hybrid"] == 0.2
