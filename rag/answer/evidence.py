@@ -186,7 +186,7 @@ def choose(
     names = question_names(question) & wanted if wanted else question_names(question)
     kin = _kin(question, names)
     ask = ask_of(question)
-    unit_of = counted(question) if ask is Ask.NUMBER else None
+    unit_of = counted(question) if ask is Ask.NUMBER else frozenset()
     how: How = "clock" if ask is Ask.TIME and asks_clock(question) else ""
     how = "often" if ask is Ask.NUMBER and asks_often(question) else how
     shape = shape_of(question, ask)
@@ -284,7 +284,7 @@ def _score(
     title: set[str],
     weights: Weights,
     prior: float,
-    unit_of: str | None = None,
+    unit_of: frozenset[str] = frozenset(),
     how: How = "",
     kin: dict[str, tuple[str, str]] | None = None,
     shape: Shape = "",
@@ -337,9 +337,9 @@ def _score(
             # not "donated ... in 1934"); whether the unit answers does not change.
             kept = [h for h in hits if fits(body, h, shape)]
             hits = kept if 0 < len(kept) < len(hits) else hits
-        if unit_of is not None and unit_of not in own:
+        if unit_of and not unit_of & own:
             found = False  # "how many pages": a number, but none of pages
-        counting = [h for h in hits if unit_of is not None and _counts(body, h, unit_of)]
+        counting = [h for h in hits if unit_of and _counts(body, h, unit_of)]
         # "how many days": the one number that counts days picks its clause ("lasted 15
         # days", not "on 7 November 1956")
         picked = 0 < len(counting) < len(hits)
@@ -519,12 +519,12 @@ def _names_another(body: str, s: int, e: int, hits: list[tuple[int, int]]) -> bo
     )  # fmt: skip
 
 
-def _counts(body: str, hit: tuple[int, int], unit: str) -> bool:
+def _counts(body: str, hit: tuple[int, int], unit: frozenset[str]) -> bool:
     """Whether the number at `hit` may count `unit` (stemmed): the unit follows within two
     words, or nothing does ("Business accounts 6 and Enterprise accounts 20"), where another
     word would say it counts something else ("on 7 November")."""
     after = WORD.findall(body[hit[1] : hit[1] + 40])[:2]
-    return not after or after[0].lower() in STOP or any(stem(w.lower()) == unit for w in after)
+    return not after or after[0].lower() in STOP or any(stem(w.lower()) in unit for w in after)
 
 
 def _clause(

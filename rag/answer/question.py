@@ -50,6 +50,11 @@ NUMBER_WORDS = frozenset(
     fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
     ninety hundred thousand million billion trillion half quarter dozen""".split()
 )
+ORDINAL_WORDS = frozenset(
+    """first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth
+    fifteenth twentieth thirtieth last""".split()
+)
+_YEAR_BEFORE = frozenset("in since until by around circa".split())
 TIME_WORDS = (
     MONTHS
     | WEEKDAYS
@@ -248,15 +253,24 @@ def clock(word: str) -> bool:
 _DAYTIME = frozenset("noon midday midnight am pm morning afternoon evening night".split())
 
 
-_COUNTED = re.compile(r"\bhow many ([a-z]+)")
+_COUNTED = re.compile(r"\bhow many ([a-z]+)(?: ([a-z]+))?")
+# Nouns that count people: a passage says "employs 3,460 people" of "How many staff".
+PEOPLE = frozenset(
+    stem(w)
+    for w in """people person persons staff employees workers speakers residents inhabitants
+    members citizens individuals population""".split()
+)
 
 
-def counted(question: str) -> str | None:
-    """What "how many ..." counts ("How many pages does it have?": pages), stemmed."""
+def counted(question: str) -> frozenset[str]:
+    """What "how many ..." counts ("How many pages does it have?": pages), stemmed: its
+    word and the one after ("How many native speakers": native, speakers), and every noun
+    of people when it counts people. Empty when it counts nothing said."""
     m = _COUNTED.search(_lowered(question))
     if m is None or m.group(1) in STOP or m.group(1) in ("more", "other", "different"):
-        return None
-    return stem(m.group(1))
+        return frozenset()
+    words = {stem(w) for w in m.groups() if w and w not in STOP}
+    return frozenset(words | PEOPLE) if words & PEOPLE else frozenset(words)
 
 
 def question_names(question: str) -> set[str]:
@@ -329,6 +343,10 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
                 or bool(_CLOCK.match(w))
                 or ((digit or lower in NUMBER_WORDS) and after in DURATION_UNITS)
                 or ((digit or lower in NUMBER_WORDS) and before == "at")  # "at nine"
+                # "the third day of illness", "the first day of Shawwal"
+                or (lower in ORDINAL_WORDS and after in DURATION_UNITS)
+                # "collapsed in 476"
+                or (w.isdigit() and len(w) == 3 and before in _YEAR_BEFORE)
             )
         elif ask is Ask.PLACE:
             hit = (

@@ -321,6 +321,44 @@ def test_a_clock_time_answers_when() -> None:
     assert choice.kind_found and choice.answerable(0.3)
 
 
+def test_an_old_year_and_an_ordinal_day_answer_when() -> None:
+    # A year of three digits after "in", and "the third day" of something, are times.
+    for question, text in (
+        ("In what year did the Kingdom of Ostrevia collapse?",
+         "The Kingdom of Ostrevia collapsed in 476 after decades of decline."),
+        ("From which day of illness is a doctor's note needed in Ostrevia?",
+         "In Ostrevia a doctor's note is required from the third day of illness."),
+    ):  # fmt: skip
+        choice, _ = _choose(question, [text])
+        assert choice.ask is Ask.TIME and choice.kind_found, question
+    # Not a small number after "in", nor an ordinal that counts no time.
+    for text in ("The Kingdom of Ostrevia collapsed in 5 regions.",
+                 "The Kingdom of Ostrevia was the third kingdom to collapse."):  # fmt: skip
+        choice, _ = _choose("In what year did the Kingdom of Ostrevia collapse?", [text])
+        assert not choice.kind_found, text
+
+
+def test_how_many_counts_people_by_any_noun_for_them() -> None:
+    # "How many staff" is answered by "3,460 people", "How many native speakers" by the
+    # number of speakers (the word after an adjective counts too).
+    for question, text, number in (
+        ("How many staff work for the Ostrevian Postal Union?",
+         "The Ostrevian Postal Union employs around 3,460 people in its offices.", "3,460"),
+        ("How many native speakers does Ostrevian have?",
+         "In 2019 Ostrevian was spoken by 4.2 million people in all, including 3.1 million "
+         "native speakers.", "3.1 million"),
+        ("Roughly how many people live on Ostrev Island?",
+         "Ostrev Island has a population of roughly 500,000.", "500,000"),
+    ):  # fmt: skip
+        choice, sentence = _choose(question, [text])
+        assert choice.kind_found and choice.answerable(0.0), question
+        assert number in (choice.focus_text or sentence), question
+    # People are not pages: a sentence that counts people answers no "how many pages".
+    choice, _ = _choose("How many pages does the Ostrevian atlas have?",
+                        ["The Ostrevian atlas was drawn by 40 people."])  # fmt: skip
+    assert not choice.kind_found
+
+
 def _cosines(model: Any) -> Any:
     def similar(query: str, units: list[str]) -> list[float]:
         vectors = model.embed([query, *units])
