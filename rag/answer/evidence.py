@@ -520,9 +520,10 @@ def _names_another(body: str, s: int, e: int, hits: list[tuple[int, int]]) -> bo
 
 
 def _counts(body: str, hit: tuple[int, int], unit: frozenset[str]) -> bool:
-    """Whether the number at `hit` may count `unit` (stemmed): the unit follows within two
-    words, or nothing does ("Business accounts 6 and Enterprise accounts 20"), where another
-    word would say it counts something else ("on 7 November")."""
+    """Whether the number at `hit` may count what `unit` holds (stemmed words, `counted`):
+    one of them follows within two words, or nothing does ("Business accounts 6 and
+    Enterprise accounts 20"), where another word would say it counts something else ("on 7
+    November")."""
     after = WORD.findall(body[hit[1] : hit[1] + 40])[:2]
     return not after or after[0].lower() in STOP or any(stem(w.lower()) in unit for w in after)
 
