@@ -39,6 +39,7 @@ from typing import Literal, Protocol
 
 from rag.answer.cite import STOP, stem, terms
 from rag.answer.question import (
+    RELATIVE,
     WORD,
     Ask,
     Shape,
@@ -332,11 +333,16 @@ def _score(
             # "How often ...": "every 6 hours" answers, not "90 days" or "at 01:00".
             hits = frequencies(body)
             found = bool(hits)
-        if shape and len(hits) > 1:
+        if shape and hits:
             # Of several candidates, those of the shape asked pick the clause ("sold for $250",
-            # not "donated ... in 1934"); whether the unit answers does not change.
+            # not "donated ... in 1934"). A sum, a count or a measure asked for and none in the
+            # unit: it does not answer ("How much did the film cost?" against "a 1942 film"),
+            # unless it says the amount against another or as none ("double the A4 price").
             kept = [h for h in hits if fits(body, h, shape)]
+            found = found and (bool(kept) or shape == "date" or bool(own & RELATIVE))
             hits = kept if 0 < len(kept) < len(hits) else hits
+        elif shape == "money" and own & RELATIVE:
+            found = True  # "The shuttle bus is free for staff."
         if unit_of and not unit_of & own:
             found = False  # "how many pages": a number, but none of pages
         counting = [h for h in hits if unit_of and _counts(body, h, unit_of)]
@@ -348,7 +354,7 @@ def _score(
             # The document's subject is in every clause: its words pick none of them ("They were
             # replaced in England by Early Modern English, in Scotland by Early Scots" asked of
             # Middle English in Scotland).
-            clause = _clause(body, hits, wanted - title, names - title, picked=picked)
+            clause = _clause(body, hits, wanted - title, names - title, picked=picked, kin=kin)
             if clause is not None:
                 focus = (u.span[0] + clause[0], u.span[0] + clause[1])
                 focus_text = body[clause[0] : clause[1]]
@@ -372,16 +378,36 @@ _CAPITALISED = re.compile(r"[A-Z][^\W\d_]*")
 _VERSION = re.compile(r"\d+(?:\.\d+)+")
 
 
+# Countries and unions a document and a question name differently ("staff in Britain" and
+# "in the United Kingdom"), as written (case counts: "US", not "us").
+_COUNTRIES = (
+    ("United Kingdom", "UK", "U.K.", "Britain", "Great Britain", "British"),
+    ("United States", "US", "U.S.", "USA", "America", "American"),
+    ("European Union", "EU"),
+    ("Netherlands", "Holland", "Dutch"),
+)
+_COUNTRY_NAMES = [
+    re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(a) for a in names) + r")(?![\w])")
+    for names in _COUNTRIES
+]
+
+
 def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
-    """The question's names another word may stand for, by their term: a people's adjective
-    by its country ("Scottish": a capitalised word starting "Scot"), an acronym by the
-    capitalised words it takes its capitals from ("MoMA": "Museum of Modern Art"), a version
-    by its releases ("4.1": "4.1.0", "4.1.2"; not "4.10")."""
+    """The question's names another word may stand for, by their term: a country by its other
+    names ("Britain": "United Kingdom", "UK"), a people's adjective by its country
+    ("Scottish": a capitalised word starting "Scot"), an acronym by the capitalised words it
+    takes its capitals from ("MoMA": "Museum of Modern Art"), a version by its releases
+    ("4.1": "4.1.0", "4.1.2"; not "4.10")."""
     out = {}
+    for k, country in enumerate(_COUNTRY_NAMES):
+        for m in country.finditer(question):
+            for w in WORD.findall(m.group(0)):
+                if stem(w.lower()) in names:
+                    out[stem(w.lower())] = ("country", str(k))
     for m in WORD.finditer(question):
         w = m.group(0)
         n = stem(w.lower())
-        if n not in names:
+        if n not in names or n in out:
             continue
         if _DEMONYM.fullmatch(w):
             out[n] = ("prefix", w[:4].lower())
@@ -394,6 +420,8 @@ def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
 
 def _called(kin: tuple[str, str], text: str) -> bool:
     how, key = kin
+    if how == "country":
+        return _COUNTRY_NAMES[int(key)].search(text) is not None
     if how == "release":
         return any(w.startswith(key) for w in WORD.findall(text))
     if how == "prefix":
@@ -535,10 +563,12 @@ def _clause(
     names: set[str],
     *,
     picked: bool = False,
+    kin: dict[str, tuple[str, str]] | None = None,
 ) -> tuple[int, int] | None:
     """The clause of `body` that holds an answer candidate and most of the question's names,
     then terms ([start, end) in `body`), when exactly one does best; `picked`: the one
-    candidate is already known to be the answer (it counts what is asked)."""
+    candidate is already known to be the answer (it counts what is asked); `kin`: the names
+    another word may stand for (_kin)."""
     bounds = [0]
     for m in _CLAUSE_END.finditer(body):
         word = m.group(0).strip()
@@ -563,6 +593,8 @@ def _clause(
         if e <= s:
             continue
         own = terms(body[s:e])
+        if kin:
+            own |= {n for n in names - own if n in kin and _called(kin[n], body[s:e])}
         if subject is None:
             subject = own & names
         elif not own & names and not _names_another(body, s, e, hits):

@@ -50,6 +50,8 @@ NUMBER_WORDS = frozenset(
     fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
     ninety hundred thousand million billion trillion half quarter dozen""".split()
 )
+# An amount said against another or as none: "A3 prints cost double the A4 price", "free".
+RELATIVE = frozenset(stem(w) for w in "free double twice triple half".split())
 ORDINAL_WORDS = frozenset(
     """first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth
     fifteenth twentieth thirtieth last""".split()
@@ -102,6 +104,14 @@ _ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
 )  # fmt: skip
 
 
+_YES_NO = re.compile(
+    r"(?:do|does|did|is|are|was|were|can|could|will|would|should|shall|may|must|have|has|am)\b"
+)
+_KNOWN_WHEN = re.compile(
+    r"\b(?:know|known|tell|say|find|remember|sure|decided|announced|clear) (?:\w+ )?when$"
+)
+
+
 def ask_of(question: str) -> Ask:
     """The kind of answer `question` wants, from its first question word ("How old was he
     when ..." asks for a number, not a time)."""
@@ -114,6 +124,10 @@ def ask_of(question: str) -> Ask:
         return Ask.OTHER
     _, n, m = min(found, key=lambda f: (f[0], f[1]))
     ask = _ASKS[n][1]
+    if m.group(0) == "when" and _YES_NO.match(text) and not _KNOWN_WHEN.search(text[: m.end()]):
+        # "Do I get a day off when I move house?" asks yes or no; "Do you know when ..." asks
+        # for a time.
+        return Ask.OTHER
     if ask is not Ask.OTHER:
         return ask
     noun = m.group(0).split()[1]
@@ -201,9 +215,11 @@ def frequencies(text: str) -> list[tuple[int, int]]:
 
 
 # What a question for a number or a time wants among several in one sentence: a sum of money
-# ("What price did it fetch?"), a count ("How many copies ...?": not a year), or a date
-# ("In which month and year ...?": not a duration).
-Shape = Literal["", "money", "count", "date"]
+# ("What price did it fetch?"), a count ("How many copies ...?": not a year), a measure ("How
+# long is the film?": not a year either), or a date ("In which month and year ...?": not a
+# duration). A sum, a count or a measure asked for is also what a unit must hold to answer.
+Shape = Literal["", "money", "count", "measure", "date"]
+_MEASURE_ASKED = re.compile(r"\bhow (?:long|old|far|tall|high|deep|big|large|heavy)\b")
 _MONEY_ASKED = re.compile(
     r"\b(?:price|prices|cost|costs|costing|fetch|fetched|sold|sell|spent|spend|fee|fees|"
     r"budget|worth|earn|earned|grossed|salary)\b"
@@ -222,7 +238,9 @@ def shape_of(question: str, ask: Ask) -> Shape:
             return "count"
         if _MONEY_ASKED.search(text):
             return "money"
-        return "count" if "how much" in text else ""
+        if "how much" in text:
+            return "count"
+        return "measure" if _MEASURE_ASKED.search(text) else ""
     return "date" if ask is Ask.TIME and not asks_clock(question) else ""
 
 
@@ -240,6 +258,8 @@ def fits(text: str, hit: tuple[int, int], shape: Shape) -> bool:
     dated = bool(_YEAR.match(word)) or word in MONTHS or after in MONTHS
     if shape == "count":
         return not dated and not (word == "one" and after == "of")  # "one of the largest"
+    if shape == "measure":
+        return not dated  # "How long is the film?": not "a 1954 film"
     if shape == "date":
         return dated or word in WEEKDAYS
     return True
@@ -335,7 +355,10 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
             and lower not in WEEKDAYS
         )  # fmt: skip
         if ask is Ask.NUMBER:
-            hit = digit or lower in NUMBER_WORDS
+            # "a ten-time champion", "a fourfold rise"
+            base = lower.split("-")[0] if "-" in lower else lower.removesuffix("fold")
+            times = lower.endswith(("-time", "fold")) and base in NUMBER_WORDS
+            hit = digit or lower in NUMBER_WORDS or times
         elif ask is Ask.TIME:
             hit = (
                 bool(_YEAR.match(lower))
@@ -361,13 +384,14 @@ def candidates(text: str, ask: Ask, asked: set[str]) -> list[tuple[int, int]]:
         elif ask is Ask.PERSON:
             nxt = words[n + 1].group(0) if n + 1 < len(words) else ""
             prev = words[n - 1].group(0) if n else ""
-            # A full name: two capitalised words in a row, not at the sentence's start.
+            # A full name: two capitalised words in a row; at the sentence's start, the second
+            # ("Daniel Ferreira is our ...").
             hit = (
                 capital
                 and n > 0
                 and (
                     (nxt[:1].isupper() and nxt.lower() not in STOP)
-                    or (prev[:1].isupper() and n > 1 and prev.lower() not in STOP)
+                    or (prev[:1].isupper() and prev.lower() not in STOP)
                 )
             )
         elif ask is Ask.NAME:

@@ -1150,3 +1150,68 @@ def test_a_price_a_count_or_a_date_picks_its_clause_among_other_numbers() -> Non
                "collection of over 200 million items."]  # fmt: skip
     choice, said = _choose("How many items are in the Northern Archives' collection?", archive)
     assert "200 million" in (choice.focus_text or said)  # "one of" counts nothing
+
+
+def test_a_sum_a_count_or_a_measure_asked_needs_one_in_the_unit() -> None:
+    assert shape_of("How long is the film?", Ask.NUMBER) == "measure"
+    # A year is no price, no count and no length: the unit does not answer.
+    film = ["The Quiet Harbour is a 1954 Ostrevian drama film directed by Mira Kell."]
+    for question in ("How much did it cost to make The Quiet Harbour?",
+                     "How long is The Quiet Harbour?",
+                     "How many awards did The Quiet Harbour win?"):  # fmt: skip
+        choice, _ = _choose(question, film)
+        assert not choice.kind_found and not choice.answerable(0.0), question
+    for question, text in (
+        ("How much did it cost to make The Quiet Harbour?",
+         "The Quiet Harbour, a 1954 film, cost $40,000 to make."),
+        ("How long is The Quiet Harbour?", "The Quiet Harbour, a 1954 film, runs 97 minutes."),
+        ("How many awards did The Quiet Harbour win?",
+         "The Quiet Harbour, a 1954 film, won three awards."),
+        # Said against another price, or as none.
+        ("How much do A3 prints cost?", "A3 prints cost double the A4 price."),
+        ("How much does the shuttle bus cost?", "The shuttle bus is free for staff."),
+        # "ten-time" counts.
+        ("How many world titles did Mira Kell win?",
+         "Mira Kell is a ten-time world champion (1927–1936)."),
+    ):  # fmt: skip
+        choice, _ = _choose(question, [text])
+        assert choice.kind_found and choice.answerable(0.0), question
+
+
+def test_a_yes_or_no_question_with_a_when_clause_asks_no_time() -> None:
+    for question, ask in (
+        ("Do I get a day off when I move house?", Ask.OTHER),
+        ("Does the VPN work when I'm abroad?", Ask.OTHER),
+        ("Do you know when the canteen opens?", Ask.TIME),
+        ("Can you tell me when the canteen opens?", Ask.TIME),
+        ("When does the canteen open?", Ask.TIME),
+    ):
+        assert ask_of(question) is ask, question
+    choice, _ = _choose("Do I get a day off when I move house?",
+                        ["One paid day off is granted when you move house."])  # fmt: skip
+    assert choice.kind_found and choice.answerable(0.3)
+
+
+def test_a_country_is_named_by_its_other_names() -> None:
+    week = ["The standard working week is 40 hours in Germany and the Netherlands, and 37.5 "
+            "hours in the United Kingdom."]  # fmt: skip
+    choice, _ = _choose("How many hours make up a working week for staff in Britain?", week)
+    assert choice.names_found and choice.focus_text == "and 37.5 hours in the United Kingdom."
+    choice, _ = _choose("How many hours make up a working week in the United Kingdom?",
+                        [week[0].replace("the United Kingdom", "the UK")])  # fmt: skip
+    assert choice.names_found and choice.focus_text == "and 37.5 hours in the UK."
+    choice, _ = _choose("How many hours make up a working week for staff in France?", week)
+    assert not choice.names_found
+    # Case counts: "us" is no country.
+    choice, _ = _choose("How many hours make up a working week in America?",
+                        ["Tell us how many hours make up your working week."])  # fmt: skip
+    assert not choice.names_found
+
+
+def test_a_full_name_may_start_the_sentence() -> None:
+    choice, _ = _choose("Who leads the security team?",
+                        ["Daniel Ferreira leads the security team."])  # fmt: skip
+    assert choice.kind_found and choice.answerable(0.3)
+    choice, _ = _choose("Who leads the security team?",
+                        ["Security is led by the team itself."])  # fmt: skip
+    assert not choice.kind_found
