@@ -50,6 +50,7 @@ from rag.answer.question import (
     candidates,
     clock,
     counted,
+    currency_asked,
     fits,
     frequencies,
     names_something,
@@ -191,6 +192,7 @@ def choose(
     how: How = "clock" if ask is Ask.TIME and asks_clock(question) else ""
     how = "often" if ask is Ask.NUMBER and asks_often(question) else how
     shape = shape_of(question, ask)
+    currency = currency_asked(question) if shape == "money" else ""
     naming = ask in (Ask.OTHER, Ask.NAME) and asks_called(question)
     named = [terms(_title(titles, i)) for i in range(len(passages))]
     held = [terms(p.text) | named[i] for i, p in enumerate(passages)]
@@ -204,7 +206,7 @@ def choose(
         head = heads[i] if heads is not None and i < len(heads) else None
         for u in units(p.text, starts_document=p.start_char == 0, head=head):
             s = _score(i, p.text, u, wanted, names, ask, weight, total, named[i], weights, prior,
-                       unit_of, how, kin, shape, naming)  # fmt: skip
+                       unit_of, how, kin, shape, naming, currency)  # fmt: skip
             every.append(s)
             if best is None or (s.names, s.score) > (best.names, best.score):
                 best = s
@@ -290,6 +292,7 @@ def _score(
     kin: dict[str, tuple[str, str]] | None = None,
     shape: Shape = "",
     naming: bool = False,
+    currency: str = "",
 ) -> _Scored:
     body = text[u.span[0] : u.span[1]]
     own = terms(body)
@@ -345,11 +348,16 @@ def _score(
             found = True  # "The shuttle bus is free for staff."
         if unit_of and not unit_of & own:
             found = False  # "how many pages": a number, but none of pages
+        # "in US dollars": of "£16 or $21", the amount in dollars picks its clause.
+        priced = [h for h in hits if currency and body[max(0, h[0] - 1) : h[0]] == currency]
+        priced_one = 0 < len(priced) < len(hits)
+        hits = priced if priced_one else hits
         counting = [h for h in hits if unit_of and _counts(body, h, unit_of)]
         # "how many days": the one number that counts days picks its clause ("lasted 15
         # days", not "on 7 November 1956")
         picked = 0 < len(counting) < len(hits)
         hits = counting if picked else hits
+        picked = picked or priced_one
         if ask is not Ask.OTHER and hits:
             # The document's subject is in every clause: its words pick none of them ("They were
             # replaced in England by Early Modern English, in Scotland by Early Scots" asked of
@@ -589,6 +597,7 @@ def _clause(
     scored = []
     rest = 0  # the most of the question's names a clause without a candidate holds
     subject: set[str] | None = None  # the question's names the first clause holds
+    last: set[str] = set()  # ... the last clause that named something holds
     for s, e in clauses:
         if e <= s:
             continue
@@ -596,8 +605,14 @@ def _clause(
         if kin:
             own |= {n for n in names - own if n in kin and _called(kin[n], body[s:e])}
         if subject is None:
-            subject = own & names
-        elif not own & names and not _names_another(body, s, e, hits):
+            subject = last = own & names
+        elif own & names or _names_another(body, s, e, hits):
+            last = own & names
+        elif not _CAPITALISED.search(body, s, e):
+            # "the Starter plan costs £16 or $21 per user per month": a clause with no
+            # capitalised word goes on with the last clause that named something.
+            own |= last
+        else:
             # "MFA has been compulsory for all staff since 1 March 2024 and for all students
             # since 1 September 2024": a clause that names nothing is about the subject.
             own |= subject

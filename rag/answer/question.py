@@ -104,6 +104,7 @@ _ASKS: tuple[tuple[re.Pattern[str], Ask], ...] = (
 )  # fmt: skip
 
 
+_PRICE_VERB = re.compile(r"\b(?:cost|charge|pay|paid|earn|spend)\b")
 _YES_NO = re.compile(
     r"(?:do|does|did|is|are|was|were|can|could|will|would|should|shall|may|must|have|has|am)\b"
 )
@@ -143,6 +144,8 @@ def ask_of(question: str) -> Ask:
         return Ask.PLACE
     if noun in PERSON_NOUNS:
         return Ask.PERSON
+    if noun in ("do", "does", "did", "will", "would") and _PRICE_VERB.search(text, m.end()):
+        return Ask.NUMBER  # "What does the Starter plan cost?", "What do you charge for ...?"
     if noun in STOP or noun in ("kind", "type", "sort", "is", "are", "was", "were", "does"):
         return Ask.OTHER
     return Ask.NAME
@@ -222,12 +225,27 @@ Shape = Literal["", "money", "count", "measure", "date"]
 _MEASURE_ASKED = re.compile(r"\bhow (?:long|old|far|tall|high|deep|big|large|heavy)\b")
 _MONEY_ASKED = re.compile(
     r"\b(?:price|prices|cost|costs|costing|fetch|fetched|sold|sell|spent|spend|fee|fees|"
-    r"budget|worth|earn|earned|grossed|salary)\b"
+    r"budget|worth|earn|earned|grossed|salary|charge)\b"
 )
+_MULTIPLE = re.compile(r"\d+(?:\.\d+)?x")  # "1.5x basic hourly rate"
 _CURRENCY = frozenset("€£$¥₹")
 _CURRENCY_WORDS = frozenset(
     "dollar dollars euro euros pound pounds pence cent cents franc francs yen".split()
 )
+
+
+_CURRENCY_ASKED = (
+    ("$", re.compile(r"\b(?:dollars?|usd)\b")),
+    ("€", re.compile(r"\b(?:euros?|eur)\b")),
+    ("£", re.compile(r"\b(?:pounds?|sterling|gbp)\b")),
+)
+
+
+def currency_asked(question: str) -> str:
+    """The sign of the currency the question wants its amount in ("in US dollars": $), or
+    ""."""
+    text = _lowered(question)
+    return next((sign for sign, words in _CURRENCY_ASKED if words.search(text)), "")
 
 
 def shape_of(question: str, ask: Ask) -> Shape:
@@ -236,7 +254,7 @@ def shape_of(question: str, ask: Ask) -> Shape:
     if ask is Ask.NUMBER:
         if "how many" in text:
             return "count"
-        if _MONEY_ASKED.search(text):
+        if _MONEY_ASKED.search(text) or currency_asked(question):
             return "money"
         if "how much" in text:
             return "count"
@@ -254,6 +272,7 @@ def fits(text: str, hit: tuple[int, int], shape: Shape) -> bool:
             text[max(0, hit[0] - 1) : hit[0]] in _CURRENCY
             or after in _CURRENCY_WORDS
             or (word[:1].isdigit() and word.endswith("p"))  # "45p"
+            or _MULTIPLE.fullmatch(word) is not None
         )
     dated = bool(_YEAR.match(word)) or word in MONTHS or after in MONTHS
     if shape == "count":

@@ -1215,3 +1215,26 @@ def test_a_full_name_may_start_the_sentence() -> None:
     choice, _ = _choose("Who leads the security team?",
                         ["Security is led by the team itself."])  # fmt: skip
     assert not choice.kind_found
+
+
+def test_a_price_asked_in_a_currency_is_quoted_in_it() -> None:
+    for question in ("What does the Starter plan cost?", "What do you charge for an extra day?",
+                     "What do I earn for an hour on a Sunday?"):  # fmt: skip
+        assert ask_of(question) is Ask.NUMBER, question
+    assert ask_of("What did Mira Kell paint?") is not Ask.NUMBER
+    plans = ["With annual billing, the Starter plan costs £16 or $21 per user per month, and "
+             "the Business plan costs £42 or $54 per user per month."]  # fmt: skip
+    # A clause that names nothing is about the last clause that named something: "$21 ..."
+    # is the Starter plan's, "$54 ..." the Business plan's.
+    for question, said in (
+        ("What does Starter cost in US dollars per user per month?", "$21 per user per month"),
+        ("How much is the Business plan in dollars?", "$54 per user per month."),
+        ("How much is the Business plan in pounds per user per month?",
+         "and the Business plan costs £42"),
+    ):  # fmt: skip
+        choice, _ = _choose(question, plans)
+        assert choice.focus_text == said, question
+    # A multiple of a rate is a sum.
+    choice, _ = _choose("What do I earn for an hour on a Sunday?",
+                        ["On a Sunday you are paid 2x the basic hourly rate."])  # fmt: skip
+    assert choice.kind_found and choice.answerable(0.3)
