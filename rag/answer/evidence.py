@@ -349,7 +349,7 @@ def _score(
         if unit_of and not unit_of & own:
             found = False  # "how many pages": a number, but none of pages
         # "in US dollars": of "£16 or $21", the amount in dollars picks its clause.
-        priced = [h for h in hits if currency and body[max(0, h[0] - 1) : h[0]] == currency]
+        priced = [h for h in hits if body[max(0, h[0] - 1) : h[0]] == currency] if currency else []
         priced_one = 0 < len(priced) < len(hits)
         hits = priced if priced_one else hits
         counting = [h for h in hits if unit_of and _counts(body, h, unit_of)]
@@ -409,9 +409,8 @@ def _kin(question: str, names: set[str]) -> dict[str, tuple[str, str]]:
     out = {}
     for k, country in enumerate(_COUNTRY_NAMES):
         for m in country.finditer(question):
-            for w in WORD.findall(m.group(0)):
-                if stem(w.lower()) in names:
-                    out[stem(w.lower())] = ("country", str(k))
+            for term in {stem(w.lower()) for w in WORD.findall(m.group(0))} & names:
+                out[term] = ("country", str(k))
     for m in WORD.finditer(question):
         w = m.group(0)
         n = stem(w.lower())

@@ -229,23 +229,22 @@ _MONEY_ASKED = re.compile(
 )
 _MULTIPLE = re.compile(r"\d+(?:\.\d+)?x")  # "1.5x basic hourly rate"
 _CURRENCY = frozenset("€£$¥₹")
+# The words a question names a currency by, with its sign.
+_SIGN_OF = {
+    sign: frozenset(words.split())
+    for sign, words in (("$", "dollar dollars usd"), ("€", "euro euros eur"),
+                        ("£", "pound pounds sterling gbp"))
+}  # fmt: skip
 _CURRENCY_WORDS = frozenset(
     "dollar dollars euro euros pound pounds pence cent cents franc francs yen".split()
-)
-
-
-_CURRENCY_ASKED = (
-    ("$", re.compile(r"\b(?:dollars?|usd)\b")),
-    ("€", re.compile(r"\b(?:euros?|eur)\b")),
-    ("£", re.compile(r"\b(?:pounds?|sterling|gbp)\b")),
 )
 
 
 def currency_asked(question: str) -> str:
     """The sign of the currency the question wants its amount in ("in US dollars": $), or
     ""."""
-    text = _lowered(question)
-    return next((sign for sign, words in _CURRENCY_ASKED if words.search(text)), "")
+    words = set(_lowered(question).split())
+    return next((sign for sign, named in _SIGN_OF.items() if words & named), "")
 
 
 def shape_of(question: str, ask: Ask) -> Shape:
